@@ -1,0 +1,122 @@
+// CPU kernels for the activations: one at::parallel_for over the flat data, float32 and float64.
+// The math is cuda_ops/activation_math.h, shared with the CUDA kernels.
+#include <torch/library.h>
+
+#include "activation_math.h"
+#include "checks.h"
+
+namespace torchext {
+namespace {
+
+template <typename F>
+at::Tensor unary_cpu(const char* op, const at::Tensor& self, F f) {
+  check_floating(op, self, "self");
+  const at::Tensor x = dense(self);
+  at::Tensor y = at::empty_like(x);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "torchext_unary_cpu", [&] {
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    scalar_t* yp = y.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, x.numel(), at::internal::GRAIN_SIZE, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) yp[i] = f(xp[i]);
+    });
+  });
+  return y;
+}
+
+// grad_x[i] = f(grad_y[i], saved[i]); `saved` is the forward input or output, as the derivative needs.
+template <typename F>
+at::Tensor binary_cpu(const char* op, const at::Tensor& grad_output, const at::Tensor& saved, const char* saved_name,
+                      F f) {
+  check_floating(op, saved, saved_name);
+  check_like(op, saved, saved_name, grad_output, "grad_output");
+  const bool flat = same_dense_layout(saved, grad_output);
+  const at::Tensor s = flat ? saved : saved.contiguous();
+  const at::Tensor g = flat ? grad_output : grad_output.contiguous();
+  at::Tensor gx = at::empty_like(s);
+  AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "torchext_binary_cpu", [&] {
+    const scalar_t* gp = g.const_data_ptr<scalar_t>();
+    const scalar_t* sp = s.const_data_ptr<scalar_t>();
+    scalar_t* op_ = gx.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, s.numel(), at::internal::GRAIN_SIZE, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) op_[i] = f(gp[i], sp[i]);
+    });
+  });
+  return gx;
+}
+
+at::Tensor relu_cpu(const at::Tensor& self) {
+  return unary_cpu("torchext::relu", self, [](auto x) { return math::relu_forward(x); });
+}
+at::Tensor relu_backward_cpu(const at::Tensor& grad_output, const at::Tensor& output) {
+  return binary_cpu("torchext::relu_backward", grad_output, output, "output",
+                    [](auto g, auto y) { return math::relu_backward(g, y); });
+}
+
+at::Tensor leaky_relu_cpu(const at::Tensor& self, double negative_slope) {
+  return unary_cpu("torchext::leaky_relu", self, [=](auto x) {
+    return math::leaky_relu_forward(x, static_cast<decltype(x)>(negative_slope));
+  });
+}
+at::Tensor leaky_relu_backward_cpu(const at::Tensor& grad_output, const at::Tensor& self, double negative_slope) {
+  return binary_cpu("torchext::leaky_relu_backward", grad_output, self, "self", [=](auto g, auto x) {
+    return math::leaky_relu_backward(g, x, static_cast<decltype(x)>(negative_slope));
+  });
+}
+
+at::Tensor sigmoid_cpu(const at::Tensor& self) {
+  return unary_cpu("torchext::sigmoid", self, [](auto x) { return math::sigmoid_forward(x); });
+}
+at::Tensor sigmoid_backward_cpu(const at::Tensor& grad_output, const at::Tensor& output) {
+  return binary_cpu("torchext::sigmoid_backward", grad_output, output, "output",
+                    [](auto g, auto y) { return math::sigmoid_backward(g, y); });
+}
+
+at::Tensor tanh_cpu(const at::Tensor& self) {
+  return unary_cpu("torchext::tanh", self, [](auto x) { return math::tanh_forward(x); });
+}
+at::Tensor tanh_backward_cpu(const at::Tensor& grad_output, const at::Tensor& output) {
+  return binary_cpu("torchext::tanh_backward", grad_output, output, "output",
+                    [](auto g, auto y) { return math::tanh_backward(g, y); });
+}
+
+at::Tensor gelu_cpu(const at::Tensor& self, c10::string_view approximate) {
+  if (parse_gelu_approximate(approximate)) {
+    return unary_cpu("torchext::gelu", self, [](auto x) { return math::gelu_tanh_forward(x); });
+  }
+  return unary_cpu("torchext::gelu", self, [](auto x) { return math::gelu_forward(x); });
+}
+at::Tensor gelu_backward_cpu(const at::Tensor& grad_output, const at::Tensor& self, c10::string_view approximate) {
+  if (parse_gelu_approximate(approximate)) {
+    return binary_cpu("torchext::gelu_backward", grad_output, self, "self",
+                      [](auto g, auto x) { return math::gelu_tanh_backward(g, x); });
+  }
+  return binary_cpu("torchext::gelu_backward", grad_output, self, "self",
+                    [](auto g, auto x) { return math::gelu_backward(g, x); });
+}
+
+at::Tensor silu_cpu(const at::Tensor& self) {
+  return unary_cpu("torchext::silu", self, [](auto x) { return math::silu_forward(x); });
+}
+at::Tensor silu_backward_cpu(const at::Tensor& grad_output, const at::Tensor& self) {
+  return binary_cpu("torchext::silu_backward", grad_output, self, "self",
+                    [](auto g, auto x) { return math::silu_backward(g, x); });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(torchext, CPU, m) {
+  m.impl("relu", &relu_cpu);
+  m.impl("relu_backward", &relu_backward_cpu);
+  m.impl("leaky_relu", &leaky_relu_cpu);
+  m.impl("leaky_relu_backward", &leaky_relu_backward_cpu);
+  m.impl("sigmoid", &sigmoid_cpu);
+  m.impl("sigmoid_backward", &sigmoid_backward_cpu);
+  m.impl("tanh", &tanh_cpu);
+  m.impl("tanh_backward", &tanh_backward_cpu);
+  m.impl("gelu", &gelu_cpu);
+  m.impl("gelu_backward", &gelu_backward_cpu);
+  m.impl("silu", &silu_cpu);
+  m.impl("silu_backward", &silu_backward_cpu);
+}
+
+}  // namespace torchext

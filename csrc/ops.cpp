@@ -1,0 +1,66 @@
+// Every torchext op schema, in one place. Backends register kernels for these names in
+// csrc/<family>_cpu.cpp (TORCH_LIBRARY_IMPL(torchext, CPU, m)) and csrc/<family>_cuda.cpp (..., CUDA, m).
+// Fake kernels, autograd and autocast rules live next to the Python wrappers in torchext/ops/<family>.py.
+//
+// Conventions: `self` is the op's main input, `output` a saved forward result; `reduction` is 'none'|'mean'|'sum';
+// no op writes into its inputs.
+
+#include <Python.h>
+#include <torch/library.h>
+
+// The _C module holds no functions: importing it runs the registrations below and in the other csrc/ files.
+extern "C" {
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}
+
+TORCH_LIBRARY(torchext, m) {
+  // Activations (csrc/activations_*.cpp, cuda_ops/activations.cu). Backward takes whichever of input or output
+  // the derivative is cheapest from.
+  m.def("relu(Tensor self) -> Tensor");
+  m.def("relu_backward(Tensor grad_output, Tensor output) -> Tensor");
+  m.def("leaky_relu(Tensor self, float negative_slope=0.01) -> Tensor");
+  m.def("leaky_relu_backward(Tensor grad_output, Tensor self, float negative_slope) -> Tensor");
+  m.def("sigmoid(Tensor self) -> Tensor");
+  m.def("sigmoid_backward(Tensor grad_output, Tensor output) -> Tensor");
+  m.def("tanh(Tensor self) -> Tensor");
+  m.def("tanh_backward(Tensor grad_output, Tensor output) -> Tensor");
+  m.def("gelu(Tensor self, *, str approximate='none') -> Tensor");
+  m.def("gelu_backward(Tensor grad_output, Tensor self, *, str approximate='none') -> Tensor");
+  m.def("silu(Tensor self) -> Tensor");
+  m.def("silu_backward(Tensor grad_output, Tensor self) -> Tensor");
+
+  // Softmax over the last dimension (csrc/softmax_*.cpp, cuda_ops/softmax.cu).
+  m.def("softmax(Tensor self) -> Tensor");
+  m.def("softmax_backward(Tensor grad_output, Tensor output) -> Tensor");
+  m.def("log_softmax(Tensor self) -> Tensor");
+  m.def("log_softmax_backward(Tensor grad_output, Tensor output) -> Tensor");
+
+  // Cross entropy: fused log-softmax + NLL over class indices (csrc/cross_entropy_*.cpp, cuda_ops/cross_entropy.cu).
+  // self is (N, C) logits, target (N,) int64. Besides the loss the forward returns what backward needs to
+  // recompute softmax cheaply: the float32 log-sum-exp of each row, and the total weight of the non-ignored rows.
+  m.def(
+      "cross_entropy(Tensor self, Tensor target, Tensor? weight=None, str reduction='mean', int ignore_index=-100, "
+      "float label_smoothing=0.0) -> (Tensor loss, Tensor lse, Tensor total_weight)");
+  m.def(
+      "cross_entropy_backward(Tensor grad_output, Tensor self, Tensor target, Tensor? weight, str reduction, "
+      "int ignore_index, float label_smoothing, Tensor lse, Tensor total_weight) -> Tensor");
+
+  // Other losses (csrc/losses_*.cpp, cuda_ops/losses.cu).
+  m.def("mse_loss(Tensor self, Tensor target, Tensor? weight=None, str reduction='mean') -> Tensor");
+  m.def("mse_loss_backward(Tensor grad_output, Tensor self, Tensor target, Tensor? weight, str reduction) -> Tensor");
+  m.def(
+      "binary_cross_entropy_with_logits(Tensor self, Tensor target, Tensor? weight=None, Tensor? pos_weight=None, "
+      "str reduction='mean') -> Tensor");
+  m.def(
+      "binary_cross_entropy_with_logits_backward(Tensor grad_output, Tensor self, Tensor target, Tensor? weight, "
+      "Tensor? pos_weight, str reduction, bool wrt_target=False) -> Tensor");
+  m.def(
+      "multi_margin_loss(Tensor self, Tensor target, int p=1, float margin=1.0, Tensor? weight=None, "
+      "str reduction='mean') -> Tensor");
+  m.def(
+      "multi_margin_loss_backward(Tensor grad_output, Tensor self, Tensor target, int p, float margin, "
+      "Tensor? weight, str reduction) -> Tensor");
+}

@@ -1,0 +1,18 @@
+#include "common.cuh"
+
+namespace torchext::cuda_ops {
+
+int sm_count() {
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device >= kMaxDevices) return 132;
+  if (cached[device] == 0) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) return 132;
+    cached[device] = n;  // benign race: every thread writes the same value
+  }
+  return cached[device];
+}
+
+}  // namespace torchext::cuda_ops

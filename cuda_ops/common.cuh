@@ -1,0 +1,93 @@
+// Helpers shared by every kernel file: accumulation types, 16-byte vectors, launch sizing, warp/block reductions.
+// CUDA only, no ATen: everything here works on raw pointers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace torchext::cuda_ops {
+
+// Half types compute and accumulate in float32; float64 stays float64.
+template <typename T>
+struct AccType {
+  using type = float;
+};
+template <>
+struct AccType<double> {
+  using type = double;
+};
+template <typename T>
+using acc_t = typename AccType<T>::type;
+
+template <typename T>
+__device__ __forceinline__ acc_t<T> to_acc(T v) {
+  return static_cast<acc_t<T>>(v);
+}
+template <typename T>
+__device__ __forceinline__ T from_acc(acc_t<T> v) {
+  return static_cast<T>(v);
+}
+
+// N elements loaded or stored as one aligned access; 16 / sizeof(T) elements make the 16-byte form.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+template <typename T>
+constexpr int kVec16 = 16 / sizeof(T);
+
+inline bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// Multiprocessor count of the current device, cached per device.
+int sm_count();
+
+// Blocks for a grid-stride loop over `work` items at `threads` per block: enough to fill every multiprocessor a
+// few times over, never more than the work needs.
+inline unsigned grid_for(int64_t work, int threads, int blocks_per_sm = 8) {
+  int64_t need = (work + threads - 1) / threads;
+  int64_t cap = static_cast<int64_t>(sm_count()) * blocks_per_sm;
+  int64_t g = need < cap ? need : cap;
+  return static_cast<unsigned>(g > 0 ? g : 1);
+}
+
+template <typename A>
+__device__ __forceinline__ A warp_sum(A v, int width = 32) {
+#pragma unroll
+  for (int o = width / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o, width);
+  return v;
+}
+
+template <typename A>
+__device__ __forceinline__ A warp_max(A v, int width = 32) {
+#pragma unroll
+  for (int o = width / 2; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o, width));
+  return v;
+}
+
+// Sum over the block; every thread gets the result. `scratch` holds 32 values; safe to call repeatedly.
+template <typename A>
+__device__ __forceinline__ A block_sum(A v, A* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = (blockDim.x + 31) / 32;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? scratch[lane] : A(0);
+  return warp_sum(v);
+}
+
+template <typename A>
+__device__ __forceinline__ A block_max(A v, A* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = (blockDim.x + 31) / 32;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? scratch[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+}  // namespace torchext::cuda_ops

@@ -1,0 +1,111 @@
+"""Shared test helpers: devices and dtypes to parametrize over, awkward layouts, poisoned outputs, and the accuracy
+rule (our error against a float64 reference at most twice PyTorch's own, above a floor per dtype)."""
+
+import pytest
+import torch
+
+import torchext  # noqa: F401  (registers the ops)
+
+HAS_CUDA = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+
+DTYPES = {
+    "cpu": (torch.float32, torch.float64),
+    "cuda": (torch.float32, torch.float64, torch.float16, torch.bfloat16),
+}
+
+# Absolute error floor per dtype: below this, a difference from PyTorch is rounding noise.
+ERROR_FLOOR = {torch.float64: 1e-12, torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def device_params():
+    """pytest params for every device, the CUDA one skipped where no GPU is present."""
+    return [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=gpu)]
+
+
+def device_dtype_params():
+    """(device, dtype) pairs each backend implements."""
+    out = []
+    for device, dtypes in DTYPES.items():
+        marks = [gpu] if device == "cuda" else []
+        for dtype in dtypes:
+            out.append(pytest.param(device, dtype, id=f"{device}-{str(dtype).split('.')[-1]}", marks=marks))
+    return out
+
+
+LAYOUTS = ("contiguous", "transposed", "strided")
+
+
+def make_tensor(shape, dtype, device, layout="contiguous", low=-3.0, high=3.0, requires_grad=False):
+    """Fresh uniform random values (never zeros) in the given layout:
+    contiguous; transposed (a transposed view of a contiguous tensor: dense, but not row-major); strided (every
+    other element of the last dimension of a larger tensor: not dense)."""
+    shape = tuple(shape)
+    if layout == "contiguous" or len(shape) == 0:
+        t = torch.empty(shape, dtype=torch.float64).uniform_(low, high)
+    elif layout == "transposed":
+        if len(shape) < 2:
+            t = torch.empty(shape, dtype=torch.float64).uniform_(low, high)
+        else:
+            t = torch.empty(shape[:-2] + (shape[-1], shape[-2]), dtype=torch.float64).uniform_(low, high)
+            t = t.transpose(-1, -2)
+    elif layout == "strided":
+        big = torch.empty(shape[:-1] + (2 * shape[-1],), dtype=torch.float64).uniform_(low, high)
+        t = big[..., ::2]
+    else:
+        raise ValueError(layout)
+    t = _keep_layout(t, device, dtype)
+    assert (layout != "strided" or t.numel() <= 1 or not t.is_contiguous()), "strided layout must not be contiguous"
+    return t.requires_grad_(requires_grad)
+
+
+def _keep_layout(t, device, dtype):
+    # A copy into a buffer with the same strides keeps the layout (also for non-dense views).
+    out = torch.empty_strided(t.size(), t.stride(), dtype=dtype, device=device)
+    out.copy_(t)
+    return out
+
+
+def poison_allocator(device, like: torch.Tensor):
+    """Leave a NaN-filled block of like's size in the allocator's cache, so that the next allocation of that size
+    (the op's output) starts as NaN: an element the kernel forgets to write then fails the comparison."""
+    if like.numel() == 0:
+        return
+    block = torch.full((like.numel(),), float("nan"), dtype=like.dtype, device=device)
+    del block
+
+
+def max_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    """Largest absolute difference; NaN in value where reference is not NaN counts as infinite."""
+    v = value.detach().to(torch.float64).cpu()
+    r = reference.detach().to(torch.float64).cpu()
+    if v.shape != r.shape:
+        raise AssertionError(f"shape {tuple(v.shape)} != reference shape {tuple(r.shape)}")
+    if v.numel() == 0:
+        return 0.0
+    nan_mismatch = torch.isnan(v) != torch.isnan(r)
+    if nan_mismatch.any():
+        return float("inf")
+    inf_mismatch = (torch.isinf(v) | torch.isinf(r)) & (v != r)
+    if inf_mismatch.any():
+        return float("inf")
+    finite = torch.isfinite(r)
+    if not finite.any():
+        return 0.0
+    return (v[finite] - r[finite]).abs().max().item()
+
+
+def assert_accurate(ours, theirs, reference, what: str, dtype=None, factor=2.0):
+    """Our error against the float64 reference is at most `factor` times PyTorch's, or under the dtype's floor."""
+    dtype = dtype or ours.dtype
+    scale = max(1.0, reference.detach().abs().max().item()) if reference.numel() else 1.0
+    ours_err, theirs_err = max_error(ours, reference), max_error(theirs, reference)
+    bound = max(factor * theirs_err, ERROR_FLOOR[dtype] * scale)
+    assert ours_err <= bound, (
+        f"[{what}] error vs float64 reference {ours_err:.3g} > bound {bound:.3g} (torch's error {theirs_err:.3g})"
+    )
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

@@ -1,0 +1,15 @@
+"""torchext: hand-written CUDA kernels registered as PyTorch ops.
+
+Everything is reached through ``torch.ops.torchext.*``; the layers above it are
+``torchext.ops`` (typed wrappers with autograd, fake kernels and autocast rules),
+``torchext.functional`` (torch.nn.functional's signatures) and ``torchext.nn`` (modules).
+"""
+
+from ._loader import load_library
+
+_C = load_library()
+
+from . import functional, nn, ops  # noqa: E402
+
+__version__ = "0.1.0"
+__all__ = ["ops", "functional", "nn", "__version__"]

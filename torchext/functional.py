@@ -1,0 +1,135 @@
+"""torch.nn.functional's signatures, computed by torchext's ops.
+
+Differences from torch.nn.functional, all deliberate:
+- ``inplace=True`` is accepted for drop-in compatibility but the result is always a new tensor: torchext ops never
+  write into their inputs. Use the return value (as ``x = F.relu(x, inplace=True)`` code already does).
+- softmax/log_softmax over a dimension other than the last run on a transposed copy (the kernels reduce over the
+  last dimension).
+"""
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+from torch.nn import _reduction as _Reduction
+
+from . import ops
+
+__all__ = [
+    "relu",
+    "leaky_relu",
+    "sigmoid",
+    "tanh",
+    "gelu",
+    "silu",
+    "softmax",
+    "log_softmax",
+    "cross_entropy",
+    "mse_loss",
+    "binary_cross_entropy_with_logits",
+    "multi_margin_loss",
+]
+
+
+def relu(input: Tensor, inplace: bool = False) -> Tensor:
+    return ops.relu(input)
+
+
+def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
+    return ops.leaky_relu(input, negative_slope)
+
+
+def sigmoid(input: Tensor) -> Tensor:
+    return ops.sigmoid(input)
+
+
+def tanh(input: Tensor) -> Tensor:
+    return ops.tanh(input)
+
+
+def gelu(input: Tensor, approximate: str = "none") -> Tensor:
+    return ops.gelu(input, approximate)
+
+
+def silu(input: Tensor, inplace: bool = False) -> Tensor:
+    return ops.silu(input)
+
+
+def _softmax_like(op, name: str, input: Tensor, dim: Optional[int], dtype: Optional[torch.dtype]) -> Tensor:
+    if dim is None:
+        dim = torch.nn.functional._get_softmax_dim(name, input.dim(), 3)
+    if dtype is not None:
+        input = input.to(dtype)
+    if input.dim() == 0:
+        return op(input.reshape(1)).reshape(())
+    dim = dim % input.dim()
+    if dim == input.dim() - 1:
+        return op(input)
+    return op(input.movedim(dim, -1)).movedim(-1, dim)
+
+
+def softmax(input: Tensor, dim: Optional[int] = None, _stacklevel: int = 3, dtype: Optional[torch.dtype] = None):
+    return _softmax_like(ops.softmax, "softmax", input, dim, dtype)
+
+
+def log_softmax(input: Tensor, dim: Optional[int] = None, _stacklevel: int = 3, dtype: Optional[torch.dtype] = None):
+    return _softmax_like(ops.log_softmax, "log_softmax", input, dim, dtype)
+
+
+def _reduction(size_average, reduce, reduction: str) -> str:
+    if size_average is not None or reduce is not None:
+        return _Reduction.legacy_get_string(size_average, reduce)
+    return reduction
+
+
+def cross_entropy(
+    input: Tensor,
+    target: Tensor,
+    weight: Optional[Tensor] = None,
+    size_average: Optional[bool] = None,
+    ignore_index: int = -100,
+    reduce: Optional[bool] = None,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    return ops.cross_entropy(
+        input, target, weight, ignore_index, _reduction(size_average, reduce, reduction), label_smoothing
+    )
+
+
+def mse_loss(
+    input: Tensor,
+    target: Tensor,
+    size_average: Optional[bool] = None,
+    reduce: Optional[bool] = None,
+    reduction: str = "mean",
+    weight: Optional[Tensor] = None,
+) -> Tensor:
+    return ops.mse_loss(input, target, weight, _reduction(size_average, reduce, reduction))
+
+
+def binary_cross_entropy_with_logits(
+    input: Tensor,
+    target: Tensor,
+    weight: Optional[Tensor] = None,
+    size_average: Optional[bool] = None,
+    reduce: Optional[bool] = None,
+    reduction: str = "mean",
+    pos_weight: Optional[Tensor] = None,
+) -> Tensor:
+    return ops.binary_cross_entropy_with_logits(
+        input, target, weight, pos_weight, _reduction(size_average, reduce, reduction)
+    )
+
+
+def multi_margin_loss(
+    input: Tensor,
+    target: Tensor,
+    p: int = 1,
+    margin: float = 1.0,
+    weight: Optional[Tensor] = None,
+    size_average: Optional[bool] = None,
+    reduce: Optional[bool] = None,
+    reduction: str = "mean",
+) -> Tensor:
+    return ops.multi_margin_loss(input, target, p, margin, weight, _reduction(size_average, reduce, reduction))

@@ -1,0 +1,22 @@
+"""Typed wrappers over torch.ops.torchext.*, one module per op family. Importing this package registers every op's
+fake kernel, autograd formula and autocast rule."""
+
+from .activations import gelu, leaky_relu, relu, sigmoid, silu, tanh
+from .cross_entropy import cross_entropy
+from .losses import binary_cross_entropy_with_logits, mse_loss, multi_margin_loss
+from .softmax import log_softmax, softmax
+
+__all__ = [
+    "relu",
+    "leaky_relu",
+    "sigmoid",
+    "tanh",
+    "gelu",
+    "silu",
+    "softmax",
+    "log_softmax",
+    "cross_entropy",
+    "mse_loss",
+    "binary_cross_entropy_with_logits",
+    "multi_margin_loss",
+]

@@ -1,0 +1,39 @@
+"""Helpers shared by the op wrappers: output metadata for fake kernels and the autocast rules."""
+
+import torch
+
+try:  # torch >= 2.6 names it this way; it answers False where symbolic sizes leave it unknown.
+    from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+except ImportError:  # pragma: no cover
+    from torch._prims_common import is_non_overlapping_and_dense
+
+# Where each autocast rule applies.
+AUTOCAST_DEVICES = ("cuda", "cpu")
+
+
+def empty_like_dense(t: torch.Tensor) -> torch.Tensor:
+    """What the C++ ops allocate for an elementwise result: the input's own layout when it is dense (contiguous,
+    channels-last, any permutation), a contiguous tensor otherwise."""
+    if is_non_overlapping_and_dense(t):
+        return torch.empty_like(t)
+    return t.new_empty(t.shape)
+
+
+def empty_like_pair(saved: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """Result layout of a two-input elementwise op: the first input's layout when both share one dense layout."""
+    if is_non_overlapping_and_dense(saved) and saved.stride() == other.stride():
+        return torch.empty_like(saved)
+    return saved.new_empty(saved.shape)
+
+
+def autocast_to_float32(qualname: str) -> None:
+    """Under torch.autocast (CUDA and CPU), cast the op's floating inputs to float32, as PyTorch does for softmax
+    and the losses: the result is float32 whatever the autocast dtype."""
+    for device in AUTOCAST_DEVICES:
+        torch.library.register_autocast(qualname, device, torch.float32)
+
+
+def autocast_cpu_to_float32(qualname: str) -> None:
+    """Under CPU autocast only, cast to float32: the CPU kernels are float32/float64. On CUDA the op runs in
+    whatever dtype it is given (it has float16 and bfloat16 kernels), as PyTorch's activations do."""
+    torch.library.register_autocast(qualname, "cpu", torch.float32)

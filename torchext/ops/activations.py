@@ -1,0 +1,132 @@
+"""Activations: relu, leaky_relu, sigmoid, tanh, gelu, silu.
+
+Autocast rule: on CUDA they run in the dtype they are given (float16/bfloat16 kernels compute in float32
+internally), like PyTorch's own activations. Under CPU autocast their inputs are cast to float32, since the CPU
+kernels are float32/float64 only.
+"""
+
+import torch
+from torch import Tensor
+
+from ._common import autocast_cpu_to_float32, empty_like_dense, empty_like_pair
+
+__all__ = ["relu", "leaky_relu", "sigmoid", "tanh", "gelu", "silu"]
+
+_ops = torch.ops.torchext
+
+
+def relu(input: Tensor) -> Tensor:
+    """max(input, 0), elementwise."""
+    return _ops.relu.default(input)
+
+
+def leaky_relu(input: Tensor, negative_slope: float = 0.01) -> Tensor:
+    """input where input > 0, negative_slope * input elsewhere."""
+    return _ops.leaky_relu.default(input, negative_slope)
+
+
+def sigmoid(input: Tensor) -> Tensor:
+    """1 / (1 + exp(-input)), elementwise."""
+    return _ops.sigmoid.default(input)
+
+
+def tanh(input: Tensor) -> Tensor:
+    """Hyperbolic tangent, elementwise."""
+    return _ops.tanh.default(input)
+
+
+def gelu(input: Tensor, approximate: str = "none") -> Tensor:
+    """x * Phi(x) with the exact normal CDF (approximate='none') or its tanh approximation (approximate='tanh')."""
+    return _ops.gelu.default(input, approximate=approximate)
+
+
+def silu(input: Tensor) -> Tensor:
+    """input * sigmoid(input), elementwise."""
+    return _ops.silu.default(input)
+
+
+# Fake kernels: shape, dtype and layout of the results, for torch.compile and meta tensors.
+for _name in ("relu", "sigmoid", "tanh", "silu"):
+    torch.library.register_fake(f"torchext::{_name}", lambda self: empty_like_dense(self))
+    torch.library.register_fake(f"torchext::{_name}_backward", lambda grad_output, saved: empty_like_pair(saved, grad_output))
+
+
+@torch.library.register_fake("torchext::leaky_relu")
+def _(self, negative_slope=0.01):
+    return empty_like_dense(self)
+
+
+@torch.library.register_fake("torchext::leaky_relu_backward")
+def _(grad_output, self, negative_slope):
+    return empty_like_pair(self, grad_output)
+
+
+@torch.library.register_fake("torchext::gelu")
+def _(self, *, approximate="none"):
+    return empty_like_dense(self)
+
+
+@torch.library.register_fake("torchext::gelu_backward")
+def _(grad_output, self, *, approximate="none"):
+    return empty_like_pair(self, grad_output)
+
+
+# Autograd. relu, sigmoid and tanh differentiate from their output; leaky_relu, gelu and silu from their input.
+def _save_output(ctx, inputs, output):
+    ctx.save_for_backward(output)
+
+
+def _save_input(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+
+
+def _backward_from(backward_op):
+    def backward(ctx, grad):
+        if not ctx.needs_input_grad[0]:
+            return None
+        (saved,) = ctx.saved_tensors
+        return backward_op(grad, saved)
+
+    return backward
+
+
+torch.library.register_autograd("torchext::relu", _backward_from(_ops.relu_backward.default), setup_context=_save_output)
+torch.library.register_autograd(
+    "torchext::sigmoid", _backward_from(_ops.sigmoid_backward.default), setup_context=_save_output
+)
+torch.library.register_autograd("torchext::tanh", _backward_from(_ops.tanh_backward.default), setup_context=_save_output)
+torch.library.register_autograd("torchext::silu", _backward_from(_ops.silu_backward.default), setup_context=_save_input)
+
+
+def _leaky_relu_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.negative_slope = inputs[1]
+
+
+def _leaky_relu_backward(ctx, grad):
+    if not ctx.needs_input_grad[0]:
+        return None, None
+    (x,) = ctx.saved_tensors
+    return _ops.leaky_relu_backward.default(grad, x, ctx.negative_slope), None
+
+
+torch.library.register_autograd("torchext::leaky_relu", _leaky_relu_backward, setup_context=_leaky_relu_setup)
+
+
+def _gelu_setup(ctx, inputs, keyword_only_inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.approximate = keyword_only_inputs["approximate"]
+
+
+def _gelu_backward(ctx, grad):
+    if not ctx.needs_input_grad[0]:
+        return None
+    (x,) = ctx.saved_tensors
+    return _ops.gelu_backward.default(grad, x, approximate=ctx.approximate)
+
+
+torch.library.register_autograd("torchext::gelu", _gelu_backward, setup_context=_gelu_setup)
+
+for _name in ("relu", "leaky_relu", "sigmoid", "tanh", "gelu", "silu"):
+    autocast_cpu_to_float32(f"torchext::{_name}")
+    autocast_cpu_to_float32(f"torchext::{_name}_backward")

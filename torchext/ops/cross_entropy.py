@@ -1,0 +1,2 @@
+"""Placeholder until this family lands."""
+def cross_entropy(*a, **k): raise NotImplementedError
