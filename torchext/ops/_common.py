@@ -37,3 +37,9 @@ def autocast_cpu_to_float32(qualname: str) -> None:
     """Under CPU autocast only, cast to float32: the CPU kernels are float32/float64. On CUDA the op runs in
     whatever dtype it is given (it has float16 and bfloat16 kernels), as PyTorch's activations do."""
     torch.library.register_autocast(qualname, "cpu", torch.float32)
+
+
+def needs_grad(ctx, index: int) -> bool:
+    """ctx.needs_input_grad[index], where the dispatcher may have dropped trailing arguments left at their default
+    (so the tuple can be shorter than the schema's argument list)."""
+    return index < len(ctx.needs_input_grad) and bool(ctx.needs_input_grad[index])

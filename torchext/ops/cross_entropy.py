@@ -1,2 +1,104 @@
-"""Placeholder until this family lands."""
-def cross_entropy(*a, **k): raise NotImplementedError
+"""cross_entropy: fused log-softmax + negative log-likelihood over class indices.
+
+One read of the logits forward; backward recomputes softmax from the saved per-row log-sum-exp instead of storing
+an (N, C) softmax. Same semantics as torch.nn.functional.cross_entropy with class-index targets: class weights,
+ignore_index, label_smoothing, reductions 'none' | 'mean' | 'sum'; input (C,), (N, C) or (N, C, d1, ...).
+Probability ("soft") targets are not supported: a floating-point target raises a TypeError.
+
+Autocast rule: under torch.autocast (CUDA or CPU) the logits and weight are cast to float32 and the loss is float32,
+as PyTorch does for cross_entropy.
+
+Bad targets raise an IndexError naming `target` (on CUDA this costs one 4-byte device-to-host read per call; see
+csrc/cross_entropy_cuda.cpp).
+"""
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ._common import autocast_to_float32, needs_grad
+
+__all__ = ["cross_entropy"]
+
+_ops = torch.ops.torchext
+
+
+def cross_entropy(
+    input: Tensor,
+    target: Tensor,
+    weight: Optional[Tensor] = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Cross entropy between logits `input` and class indices `target`.
+
+    input: (C,), (N, C) or (N, C, d1, ..., dk) logits; target: (), (N,) or (N, d1, ..., dk) int64.
+    Returns a 0-dim loss for 'mean'/'sum' and target's shape for 'none'.
+    """
+    if input.dim() == 0:
+        raise ValueError("torchext.ops.cross_entropy: `input` must have at least one dimension (the classes)")
+    if input.dim() == 1:
+        if target.dim() != 0:
+            raise ValueError(
+                f"torchext.ops.cross_entropy: for 1-D `input` (C,), `target` must be 0-dim, got shape {tuple(target.shape)}"
+            )
+        loss = _ops.cross_entropy.default(
+            input.unsqueeze(0), target.reshape(1), weight, reduction, ignore_index, label_smoothing
+        )[0]
+        return loss.reshape(()) if reduction == "none" else loss
+    if input.dim() == 2:
+        return _ops.cross_entropy.default(input, target, weight, reduction, ignore_index, label_smoothing)[0]
+    expected = input.shape[:1] + input.shape[2:]
+    if target.shape != expected:
+        raise ValueError(
+            f"torchext.ops.cross_entropy: `target` must have shape {tuple(expected)} for `input` of shape "
+            f"{tuple(input.shape)}, got {tuple(target.shape)}"
+        )
+    classes = input.shape[1]
+    flat = input.movedim(1, -1).reshape(-1, classes)
+    loss = _ops.cross_entropy.default(flat, target.reshape(-1), weight, reduction, ignore_index, label_smoothing)[0]
+    return loss.reshape(target.shape) if reduction == "none" else loss
+
+
+def _acc_dtype(t: Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+@torch.library.register_fake("torchext::cross_entropy")
+def _(self, target, weight=None, reduction="mean", ignore_index=-100, label_smoothing=0.0):
+    rows = self.shape[0]
+    loss = self.new_empty((rows,)) if reduction == "none" else self.new_empty(())
+    return loss, self.new_empty((rows,), dtype=_acc_dtype(self)), self.new_empty((), dtype=_acc_dtype(self))
+
+
+@torch.library.register_fake("torchext::cross_entropy_backward")
+def _(grad_output, self, target, weight, reduction, ignore_index, label_smoothing, lse, total_weight):
+    return self.new_empty(self.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    self, target, weight, reduction, ignore_index, label_smoothing = inputs
+    _, lse, total_weight = output
+    ctx.mark_non_differentiable(lse, total_weight)
+    if needs_grad(ctx, 0):
+        ctx.save_for_backward(self, target, weight, lse, total_weight)
+    ctx.reduction, ctx.ignore_index, ctx.label_smoothing = reduction, ignore_index, label_smoothing
+
+
+def _backward(ctx, grad_loss, grad_lse, grad_total_weight):
+    if needs_grad(ctx, 2):
+        raise NotImplementedError("torchext.ops.cross_entropy: no gradient with respect to `weight`")
+    if not needs_grad(ctx, 0):
+        return None, None, None, None, None, None
+    self, target, weight, lse, total_weight = ctx.saved_tensors
+    grad = _ops.cross_entropy_backward.default(
+        grad_loss, self, target, weight, ctx.reduction, ctx.ignore_index, ctx.label_smoothing, lse, total_weight
+    )
+    return grad, None, None, None, None, None
+
+
+torch.library.register_autograd("torchext::cross_entropy", _backward, setup_context=_setup_context)
+autocast_to_float32("torchext::cross_entropy")
+autocast_to_float32("torchext::cross_entropy_backward")

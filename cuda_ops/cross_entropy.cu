@@ -1,0 +1,405 @@
+// Cross entropy over class indices, fused: log-softmax, NLL, class weights, ignore_index and label smoothing in
+// one pass over the logits forward and one pass backward.
+//
+// Shapes: logits x is (N, C) row-major, target t is (N,) int64, weight w is (C,) (w = 1 when absent), eps is the
+// label smoothing. For a row i that is not ignored, with lse_i = log sum_c exp(x_ic) and W = sum_c w_c:
+//   loss_i = (1 - eps) w_t (lse_i - x_it) + eps/C (W lse_i - sum_c w_c x_ic)
+//   mean   = sum_i loss_i / sum_i w_{t_i}         (the sum over non-ignored rows: 'total_weight')
+//   dloss_i/dx_ij = a_i softmax_ij - (1 - eps) w_t [j == t] - eps/C w_j,   a_i = (1 - eps) w_t + eps/C W
+// which is PyTorch's cross_entropy (log_softmax + nll_loss + its label-smoothing term) written out.
+//
+// Kernels:
+//   cross_entropy_forward_kernel        G threads per row (G = 1, 4 or 32, by C) accumulate an online
+//                                       log-sum-exp (running max and scaled sum, one exp per element) and
+//                                       sum_c w_c x_c in a single read of the row; for C > 2048,
+//   cross_entropy_forward_block_kernel  one block per row does the same with a block reduction.
+//   Both write loss_i (reduction 'none') and lse_i, and leave per-block partial sums of loss, weight and bad
+//   targets; cross_entropy_finalize_kernel (one block) adds the partials in a fixed order, so 'mean' and 'sum'
+//   are deterministic, and writes the reduced loss, total_weight and the bad-target count.
+//   cross_entropy_backward_kernel       elementwise over the N*C gradient with 16-byte vectors: softmax is
+//                                       recomputed as exp(x - lse_i) from the saved lse, so backward reads x
+//                                       once and writes the gradient once.
+// Bytes moved, for N*C logits of s bytes: forward N*C*s + 8N (targets) + 4N (lse); backward 2*N*C*s + 12N.
+// PyTorch's log_softmax + nll_loss forward and backward move about 6*N*C*s, and reduce 'mean' in one block.
+#include <cmath>
+
+#include "common.cuh"
+#include "cross_entropy.cuh"
+
+namespace torchext::cuda_ops {
+namespace {
+
+__device__ __forceinline__ float exp_(float x) { return expf(x); }
+__device__ __forceinline__ double exp_(double x) { return exp(x); }
+__device__ __forceinline__ float log_(float x) { return logf(x); }
+__device__ __forceinline__ double log_(double x) { return log(x); }
+
+// Running log-sum-exp: max m and s = sum exp(x - m). -inf entries add nothing; NaN entries make s NaN.
+template <typename A>
+struct OnlineLse {
+  A m = -INFINITY;
+  A s = 0;
+
+  __device__ __forceinline__ void add(A x) {
+    if (x > m) {
+      s = s * exp_(m - x) + A(1);
+      m = x;
+    } else if (x != A(-INFINITY)) {
+      s += exp_(x - m);
+    }
+  }
+  __device__ __forceinline__ void merge(A om, A os) {
+    const A nm = m > om ? m : om;
+    if (nm == A(-INFINITY)) {
+      s += os;
+      return;
+    }
+    s = s * exp_(m - nm) + os * exp_(om - nm);
+    m = nm;
+  }
+  __device__ __forceinline__ A lse() const { return m + log_(s); }
+};
+
+// Per-row statistics a thread (or group of threads) gathers in one read: the online lse and sum_c w_c x_c.
+template <typename A>
+struct RowStats {
+  OnlineLse<A> lse;
+  A wx = 0;
+};
+
+// Reads the columns [begin, end) of one row owned by this thread, `step` vectors apart.
+template <typename T, typename A, int VEC>
+__device__ __forceinline__ void accumulate_row(const T* __restrict__ row, const T* __restrict__ weight, int64_t begin,
+                                               int64_t nvec, int64_t step, bool smoothing, RowStats<A>& st) {
+  using V = Vec<T, VEC>;
+#pragma unroll 4
+  for (int64_t v = begin; v < nvec; v += step) {
+    const V q = reinterpret_cast<const V*>(row)[v];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const A x = to_acc(q.v[k]);
+      st.lse.add(x);
+      if (smoothing) st.wx += (weight ? to_acc(weight[v * VEC + k]) : A(1)) * x;
+    }
+  }
+}
+
+// The loss of one row from its statistics; also reports its weight (0 when ignored) and whether it was bad.
+template <typename T, typename A>
+__device__ __forceinline__ A row_loss(const CrossEntropyArgs<T, A>& a, int64_t i, const RowStats<A>& st, A& lse_out,
+                                      A& weight_out, A& bad_out) {
+  const int64_t t = a.target[i];
+  const A lse = st.lse.lse();
+  lse_out = lse;
+  weight_out = 0;
+  bad_out = 0;
+  if (t == a.ignore_index) return A(0);
+  if (t < 0 || t >= a.classes) {
+    bad_out = 1;
+    return A(NAN);
+  }
+  const A eps = a.label_smoothing;
+  const A wt = a.weight ? to_acc(a.weight[t]) : A(1);
+  const A xt = to_acc(a.logits[i * a.classes + t]);
+  A loss = (A(1) - eps) * wt * (lse - xt);
+  if (eps > A(0)) {
+    const A wsum = a.weight ? *a.weight_sum : static_cast<A>(a.classes);
+    loss += eps / static_cast<A>(a.classes) * (wsum * lse - st.wx);
+  }
+  weight_out = wt;
+  return loss;
+}
+
+template <typename T, typename A>
+__device__ __forceinline__ void write_partials(A loss_sum, A weight_sum, A bad_sum, A* partials) {
+  __shared__ A scratch[32];
+  loss_sum = block_sum(loss_sum, scratch);
+  weight_sum = block_sum(weight_sum, scratch);
+  bad_sum = block_sum(bad_sum, scratch);
+  if (threadIdx.x == 0) {
+    partials[3 * blockIdx.x + 0] = loss_sum;
+    partials[3 * blockIdx.x + 1] = weight_sum;
+    partials[3 * blockIdx.x + 2] = bad_sum;
+  }
+}
+
+constexpr int kForwardThreads = 256;
+constexpr int kBlockRowThreads = 512;
+
+// G consecutive lanes of a warp share one row. All lanes of a warp run the same number of iterations (so the
+// shuffles see every lane); lanes whose row is past the end just carry empty statistics.
+template <typename T, typename A, int G, int VEC>
+__global__ void __launch_bounds__(kForwardThreads)
+    cross_entropy_forward_kernel(CrossEntropyArgs<T, A> a, T* __restrict__ loss, A* __restrict__ lse_out,
+                                 A* __restrict__ partials) {
+  constexpr int kRowsPerWarp = 32 / G;
+  const int lane = threadIdx.x % 32, sub = lane % G;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
+  const int64_t nvec = a.classes / VEC;
+  const bool smoothing = a.label_smoothing > A(0);
+  A loss_sum = 0, weight_sum = 0, bad_sum = 0;
+  for (int64_t r0 = warp * kRowsPerWarp; r0 < a.rows; r0 += nwarps * kRowsPerWarp) {
+    const int64_t i = r0 + lane / G;
+    RowStats<A> st;
+    if (i < a.rows) accumulate_row<T, A, VEC>(a.logits + i * a.classes, a.weight, sub, nvec, G, smoothing, st);
+#pragma unroll
+    for (int o = G / 2; o > 0; o >>= 1) {
+      const A om = __shfl_xor_sync(0xffffffffu, st.lse.m, o, G);
+      const A os = __shfl_xor_sync(0xffffffffu, st.lse.s, o, G);
+      st.lse.merge(om, os);
+      st.wx += __shfl_xor_sync(0xffffffffu, st.wx, o, G);
+    }
+    if (sub == 0 && i < a.rows) {
+      A lse, w, bad;
+      const A li = row_loss(a, i, st, lse, w, bad);
+      lse_out[i] = lse;
+      if (a.reduction == LossReduction::None) loss[i] = from_acc<T>(li);
+      loss_sum += li;
+      weight_sum += w;
+      bad_sum += bad;
+    }
+  }
+  write_partials<T, A>(loss_sum, weight_sum, bad_sum, partials);
+}
+
+// One block per row, for rows too long for a warp.
+template <typename T, typename A, int VEC>
+__global__ void __launch_bounds__(kBlockRowThreads)
+    cross_entropy_forward_block_kernel(CrossEntropyArgs<T, A> a, T* __restrict__ loss, A* __restrict__ lse_out,
+                                       A* __restrict__ partials) {
+  __shared__ A sm[32], ss[32], sw[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+  const int64_t nvec = a.classes / VEC;
+  const bool smoothing = a.label_smoothing > A(0);
+  A loss_sum = 0, weight_sum = 0, bad_sum = 0;
+  for (int64_t i = blockIdx.x; i < a.rows; i += gridDim.x) {
+    RowStats<A> st;
+    accumulate_row<T, A, VEC>(a.logits + i * a.classes, a.weight, threadIdx.x, nvec, blockDim.x, smoothing, st);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const A om = __shfl_xor_sync(0xffffffffu, st.lse.m, o);
+      const A os = __shfl_xor_sync(0xffffffffu, st.lse.s, o);
+      st.lse.merge(om, os);
+      st.wx += __shfl_xor_sync(0xffffffffu, st.wx, o);
+    }
+    __syncthreads();  // the previous row's readers of sm/ss/sw are done
+    if (lane == 0) {
+      sm[warp] = st.lse.m;
+      ss[warp] = st.lse.s;
+      sw[warp] = st.wx;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      RowStats<A> row;
+      for (int k = 0; k < nwarps; ++k) {
+        row.lse.merge(sm[k], ss[k]);
+        row.wx += sw[k];
+      }
+      A lse, w, bad;
+      const A li = row_loss(a, i, row, lse, w, bad);
+      lse_out[i] = lse;
+      if (a.reduction == LossReduction::None) loss[i] = from_acc<T>(li);
+      loss_sum += li;
+      weight_sum += w;
+      bad_sum += bad;
+    }
+  }
+  write_partials<T, A>(loss_sum, weight_sum, bad_sum, partials);
+}
+
+template <typename T, typename A>
+__global__ void cross_entropy_finalize_kernel(const A* __restrict__ partials, int nblocks, LossReduction reduction,
+                                              T* __restrict__ loss, A* __restrict__ total_weight,
+                                              int* __restrict__ bad_targets) {
+  __shared__ A scratch[32];
+  A l = 0, w = 0, b = 0;
+  for (int k = threadIdx.x; k < nblocks; k += blockDim.x) {
+    l += partials[3 * k];
+    w += partials[3 * k + 1];
+    b += partials[3 * k + 2];
+  }
+  l = block_sum(l, scratch);
+  w = block_sum(w, scratch);
+  b = block_sum(b, scratch);
+  if (threadIdx.x == 0) {
+    *total_weight = w;
+    *bad_targets = static_cast<int>(b);
+    if (reduction == LossReduction::Mean) *loss = from_acc<T>(l / w);
+    if (reduction == LossReduction::Sum) *loss = from_acc<T>(l);
+  }
+}
+
+// Backward, elementwise over the flat N*C gradient. Row constants (scale, a_i, target, lse) are refreshed when
+// the column index wraps, so a thread divides once per vector, not once per element.
+template <typename T, typename A, int VEC, typename Index>
+__global__ void __launch_bounds__(256)
+    cross_entropy_backward_kernel(CrossEntropyArgs<T, A> a, const T* __restrict__ grad_loss,
+                                  const A* __restrict__ lse, const A* __restrict__ total_weight,
+                                  T* __restrict__ grad) {
+  using V = Vec<T, VEC>;
+  const Index C = static_cast<Index>(a.classes);
+  const Index n = static_cast<Index>(a.rows) * C;
+  const Index nvec = n / VEC;
+  const A eps = a.label_smoothing;
+  const A eps_c = eps / static_cast<A>(a.classes);
+  const A wsum = (a.weight && eps > A(0)) ? *a.weight_sum : static_cast<A>(a.classes);
+  A reduced_scale = 0;
+  if (a.reduction == LossReduction::Mean) reduced_scale = to_acc(grad_loss[0]) / *total_weight;
+  if (a.reduction == LossReduction::Sum) reduced_scale = to_acc(grad_loss[0]);
+
+  // Row constants: grad_ij = scale * (coef * exp(x_ij - lse_i) - hot * [j == t] - eps/C w_j).
+  struct Row {
+    A scale, coef, hot, lse;
+    int64_t t;
+  };
+  auto load_row = [&](Index r) {
+    Row row;
+    row.t = a.target[r];
+    row.lse = lse[r];
+    const bool ignored = row.t == a.ignore_index;
+    const bool bad = !ignored && (row.t < 0 || row.t >= a.classes);
+    const A wt = (ignored || bad || !a.weight) ? A(1) : to_acc(a.weight[row.t]);
+    row.scale = ignored ? A(0)
+                : bad   ? A(NAN)
+                        : (a.reduction == LossReduction::None ? to_acc(grad_loss[r]) : reduced_scale);
+    row.coef = (A(1) - eps) * wt + eps_c * wsum;
+    row.hot = (A(1) - eps) * wt;
+    return row;
+  };
+  auto grad_at = [&](const Row& row, Index c, A x) {
+    A g = row.coef * exp_(x - row.lse);
+    if (static_cast<int64_t>(c) == row.t) g -= row.hot;
+    if (eps > A(0)) g -= eps_c * (a.weight ? to_acc(a.weight[c]) : A(1));
+    return row.scale * g;
+  };
+
+  const Index stride = static_cast<Index>(gridDim.x) * blockDim.x;
+  for (Index v = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; v < nvec; v += stride) {
+    Index r = (v * VEC) / C;
+    Index c = v * VEC - r * C;
+    Row row = load_row(r);
+    const V x = reinterpret_cast<const V*>(a.logits)[v];
+    V out;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      if (k > 0 && c == C) {
+        c = 0;
+        row = load_row(++r);
+      }
+      out.v[k] = from_acc<T>(grad_at(row, c, to_acc(x.v[k])));
+      ++c;
+    }
+    reinterpret_cast<V*>(grad)[v] = out;
+  }
+  for (Index e = nvec * VEC + static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += stride) {
+    const Index r = e / C;
+    grad[e] = from_acc<T>(grad_at(load_row(r), e - r * C, to_acc(a.logits[e])));
+  }
+}
+
+// Widest vector (in elements) that divides C and that the logits pointer is aligned for.
+template <typename T>
+int forward_vec(const T* logits, int64_t classes) {
+  for (int v = kVec16<T>; v > 1; v /= 2) {
+    if (classes % v == 0 && aligned_to(logits, v * sizeof(T))) return v;
+  }
+  return 1;
+}
+
+int threads_per_row(int64_t classes) {
+  if (classes <= 16) return 1;
+  if (classes <= 128) return 4;
+  if (classes <= 2048) return 32;
+  return 0;  // a whole block
+}
+
+unsigned forward_grid(int64_t rows, int64_t classes) {
+  const int g = threads_per_row(classes);
+  if (g == 0) return grid_for(rows, 1, 2048 / kBlockRowThreads);
+  const int64_t rows_per_block = kForwardThreads / g;
+  return grid_for(rows, static_cast<int>(rows_per_block), 2048 / kForwardThreads);
+}
+
+template <typename T, typename A, int VEC>
+void launch_forward_vec(const CrossEntropyArgs<T, A>& a, T* loss, A* lse, A* partials, unsigned grid,
+                        cudaStream_t stream) {
+  switch (threads_per_row(a.classes)) {
+    case 1:
+      cross_entropy_forward_kernel<T, A, 1, VEC><<<grid, kForwardThreads, 0, stream>>>(a, loss, lse, partials);
+      break;
+    case 4:
+      cross_entropy_forward_kernel<T, A, 4, VEC><<<grid, kForwardThreads, 0, stream>>>(a, loss, lse, partials);
+      break;
+    case 32:
+      cross_entropy_forward_kernel<T, A, 32, VEC><<<grid, kForwardThreads, 0, stream>>>(a, loss, lse, partials);
+      break;
+    default:
+      cross_entropy_forward_block_kernel<T, A, VEC><<<grid, kBlockRowThreads, 0, stream>>>(a, loss, lse, partials);
+  }
+}
+
+}  // namespace
+
+int64_t cross_entropy_workspace_size(int64_t rows, int64_t classes) {
+  return 3 * static_cast<int64_t>(forward_grid(rows, classes));
+}
+
+template <typename T, typename A>
+cudaError_t cross_entropy_forward(const CrossEntropyArgs<T, A>& a, T* loss, A* lse, A* total_weight,
+                                  int* bad_targets, A* workspace, cudaStream_t stream) {
+  const unsigned grid = forward_grid(a.rows, a.classes);
+  if (a.rows > 0) {
+    const int vec = forward_vec(a.logits, a.classes);
+    if (vec == kVec16<T>) {
+      launch_forward_vec<T, A, kVec16<T>>(a, loss, lse, workspace, grid, stream);
+    } else if (vec >= 2) {  // e.g. 10 float32 classes: 8-byte pairs
+      launch_forward_vec<T, A, 2>(a, loss, lse, workspace, grid, stream);
+    } else {
+      launch_forward_vec<T, A, 1>(a, loss, lse, workspace, grid, stream);
+    }
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  const int nblocks = a.rows > 0 ? static_cast<int>(grid) : 0;
+  cross_entropy_finalize_kernel<T, A><<<1, 512, 0, stream>>>(workspace, nblocks, a.reduction, loss, total_weight,
+                                                              bad_targets);
+  return cudaGetLastError();
+}
+
+template <typename T, typename A>
+cudaError_t cross_entropy_backward(const CrossEntropyArgs<T, A>& a, const T* grad_loss, const A* lse,
+                                   const A* total_weight, T* grad_logits, cudaStream_t stream) {
+  const int64_t n = a.rows * a.classes;
+  if (n == 0) return cudaSuccess;
+  constexpr int V = kVec16<T>;
+  const bool vec = aligned_to(a.logits, 16) && aligned_to(grad_logits, 16);
+  const bool small = n < (int64_t{1} << 31);
+  const unsigned grid = grid_for(vec ? n / V + 1 : n, 256);
+  if (vec && small) {
+    cross_entropy_backward_kernel<T, A, V, uint32_t>
+        <<<grid, 256, 0, stream>>>(a, grad_loss, lse, total_weight, grad_logits);
+  } else if (vec) {
+    cross_entropy_backward_kernel<T, A, V, int64_t>
+        <<<grid, 256, 0, stream>>>(a, grad_loss, lse, total_weight, grad_logits);
+  } else if (small) {
+    cross_entropy_backward_kernel<T, A, 1, uint32_t>
+        <<<grid, 256, 0, stream>>>(a, grad_loss, lse, total_weight, grad_logits);
+  } else {
+    cross_entropy_backward_kernel<T, A, 1, int64_t>
+        <<<grid, 256, 0, stream>>>(a, grad_loss, lse, total_weight, grad_logits);
+  }
+  return cudaGetLastError();
+}
+
+#define TORCHEXT_INSTANTIATE_CROSS_ENTROPY(T, A)                                                                \
+  template cudaError_t cross_entropy_forward<T, A>(const CrossEntropyArgs<T, A>&, T*, A*, A*, int*, A*,         \
+                                                   cudaStream_t);                                               \
+  template cudaError_t cross_entropy_backward<T, A>(const CrossEntropyArgs<T, A>&, const T*, const A*, const A*, \
+                                                    T*, cudaStream_t);
+
+TORCHEXT_INSTANTIATE_CROSS_ENTROPY(float, float)
+TORCHEXT_INSTANTIATE_CROSS_ENTROPY(double, double)
+TORCHEXT_INSTANTIATE_CROSS_ENTROPY(__half, float)
+TORCHEXT_INSTANTIATE_CROSS_ENTROPY(__nv_bfloat16, float)
+
+}  // namespace torchext::cuda_ops
