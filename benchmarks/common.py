@@ -1,0 +1,128 @@
+"""The one timer and CSV format every torchext benchmark uses.
+
+Timing on CUDA: CUDA events around each call, warm-up first, the L2 cache flushed (a 256 MiB write) before every
+timed call so each run reads its inputs from device memory, and the median with the 20th and 80th percentiles of
+many repeats. On CPU: time.perf_counter around each call, same statistics.
+
+CSV: one tidy row per measurement, columns CSV_COLUMNS.
+"""
+
+import csv
+import datetime
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+CSV_COLUMNS = [
+    "op",
+    "provider",
+    "mode",
+    "shape",
+    "dtype",
+    "metric",
+    "unit",
+    "p50",
+    "p20",
+    "p80",
+    "gpu",
+    "torch",
+    "cuda",
+    "date",
+    "version",
+]
+
+
+@dataclass
+class Timing:
+    p50: float  # microseconds
+    p20: float
+    p80: float
+
+
+def _quantiles(samples) -> Timing:
+    q = statistics.quantiles(samples, n=10, method="inclusive")
+    return Timing(p50=statistics.median(samples), p20=q[1], p80=q[7])
+
+
+def time_fn(fn, device: str, warmup: int = 5, reps: int = 30, flush_l2: bool = True) -> Timing:
+    """Times fn() on `device`; returns microseconds."""
+    for _ in range(warmup):
+        fn()
+    if device == "cpu":
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e6)
+        return _quantiles(samples)
+    torch.cuda.synchronize()
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device=device) if flush_l2 else None
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        if flush is not None:
+            flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return _quantiles([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
+
+
+def environment(device: str) -> dict:
+    import torchext
+
+    gpu = torch.cuda.get_device_name(torch.device(device)) if device != "cpu" else f"cpu ({os.cpu_count()} cores)"
+    return {
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "version": torchext.__version__,
+    }
+
+
+class CsvWriter:
+    """Appends rows to a CSV file, writing the header when the file is new."""
+
+    def __init__(self, path: str, env: dict):
+        self.path, self.env = path, env
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        new = not os.path.exists(path) or os.path.getsize(path) == 0
+        self._file = open(path, "a", newline="")
+        self._writer = csv.DictWriter(self._file, fieldnames=CSV_COLUMNS)
+        if new:
+            self._writer.writeheader()
+
+    def row(self, op, provider, mode, shape, dtype, metric, unit, p50, p20, p80):
+        self._writer.writerow(
+            dict(
+                op=op,
+                provider=provider,
+                mode=mode,
+                shape="x".join(str(s) for s in shape),
+                dtype=str(dtype).replace("torch.", ""),
+                metric=metric,
+                unit=unit,
+                p50=f"{p50:.6g}",
+                p20=f"{p20:.6g}",
+                p80=f"{p80:.6g}",
+                **self.env,
+            )
+        )
+        self._file.flush()
+
+    def timing(self, op, provider, mode, shape, dtype, t: Timing, nbytes: int = 0):
+        """A time row, and a bandwidth row when the bytes moved are given (p20 of bandwidth from p80 of time)."""
+        self.row(op, provider, mode, shape, dtype, "time", "us", t.p50, t.p20, t.p80)
+        if nbytes:
+            self.row(
+                op, provider, mode, shape, dtype, "bandwidth", "GB/s", nbytes / t.p50 / 1e3, nbytes / t.p80 / 1e3,
+                nbytes / t.p20 / 1e3,
+            )
+
+    def close(self):
+        self._file.close()

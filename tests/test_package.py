@@ -1,0 +1,48 @@
+"""The package itself: registration of every op on every backend, the version guard, imports without a GPU."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchext
+from torchext import _loader
+
+OPS = [
+    "relu", "leaky_relu", "sigmoid", "tanh", "gelu", "silu", "softmax", "log_softmax", "cross_entropy", "mse_loss",
+    "binary_cross_entropy_with_logits", "multi_margin_loss",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", OPS + [f"{op}_backward" for op in OPS])
+def test_op_has_kernels(name):
+    qualname = f"torchext::{name}"
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "CPU"), f"{qualname} has no CPU kernel"
+    if _loader.built_with_cuda():
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "CUDA"), f"{qualname} has no CUDA kernel"
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_op_has_python_layers(name):
+    assert callable(getattr(torchext.ops, name))
+    assert callable(getattr(torchext.functional, name))
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"torchext::{name}", "Autograd"), "no autograd formula"
+
+
+def test_version_mismatch_names_both_versions(monkeypatch):
+    import torchext._build_info as info
+
+    monkeypatch.setattr(info, "TORCH_VERSION", "1.0.0+other")
+    with pytest.raises(ImportError, match=r"built against torch 1\.0\.0\+other but torch .* is installed"):
+        _loader.load_library()
+
+
+def test_import_without_gpu():
+    """A CUDA build imports and runs its CPU kernels where no GPU is visible."""
+    code = "import torch, torchext; assert not torch.cuda.is_available(); print(torchext.ops.relu(-torch.ones(2)))"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "tensor([0., 0.])" in out.stdout
