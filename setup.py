@@ -52,6 +52,21 @@ def want_cuda() -> bool:
     return CUDA_HOME is not None
 
 
+def nvidia_wheel_include_dirs():
+    """Headers of the CUDA libraries torch's headers include (cuBLAS, cuSPARSE, ...) come with torch's nvidia-*
+    wheels; with them, a toolkit installed without those libraries (nvcc and the runtime only) still builds."""
+    if os.path.exists(os.path.join(CUDA_HOME or "", "include", "cusparse.h")):
+        return []
+    try:
+        import nvidia
+    except ImportError:
+        return []
+    dirs = []
+    for root in nvidia.__path__:
+        dirs += sorted(d for d in glob.glob(os.path.join(root, "*", "include")) if os.path.isdir(d))
+    return dirs
+
+
 def write_build_info(with_cuda: bool) -> None:
     """Records what this build was made against, so that importing it under another torch fails clearly."""
     path = os.path.join(ROOT, "torchext", "_build_info.py")
@@ -97,11 +112,13 @@ def make_extension():
     ]
     if debug:
         nvcc_flags.append("-lineinfo")
+    # Searched after every other include directory, so they never shadow the toolkit's own headers.
+    fallback_cxx_includes = [flag for d in nvidia_wheel_include_dirs() for flag in ("-idirafter", d)]
     return CUDAExtension(
         "torchext._C",
         cpu_sources + cuda_wrappers + sorted(glob.glob("cuda_ops/*.cu")),
         include_dirs=include_dirs,
-        extra_compile_args={"cxx": cxx_flags + ["-DTORCHEXT_WITH_CUDA"], "nvcc": nvcc_flags},
+        extra_compile_args={"cxx": cxx_flags + ["-DTORCHEXT_WITH_CUDA"] + fallback_cxx_includes, "nvcc": nvcc_flags},
         py_limited_api=True,
     )
 

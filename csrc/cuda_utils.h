@@ -4,9 +4,9 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -37,7 +37,7 @@ cuda_t<T>* cuda_mutable_ptr(at::Tensor& t) {
   return reinterpret_cast<cuda_t<T>*>(t.mutable_data_ptr<T>());
 }
 
-inline cudaStream_t current_stream() { return at::cuda::getCurrentCUDAStream().stream(); }
+inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
 
 }  // namespace torchext
 

@@ -106,6 +106,14 @@ def assert_accurate(ours, theirs, reference, what: str, dtype=None, factor=2.0):
     )
 
 
+def pytest_collection_modifyitems(config, items):
+    """Every test that is skipped without a GPU also gets the `gpu` marker, so `-m gpu` selects exactly the GPU
+    tests (as the compute-sanitizer run does)."""
+    for item in items:
+        if any(m.kwargs.get("reason") == gpu.kwargs["reason"] for m in item.iter_markers("skipif")):
+            item.add_marker(pytest.mark.gpu)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

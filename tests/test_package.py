@@ -1,6 +1,7 @@
 """The package itself: registration of every op on every backend, the version guard, imports without a GPU."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -46,3 +47,10 @@ def test_import_without_gpu():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "tensor([0., 0.])" in out.stdout
+
+
+def test_cuda_code_is_built_where_nvcc_is_found():
+    """The build compiles the CUDA kernels whenever a toolkit is present, GPU or not (CI relies on this)."""
+    if os.environ.get("TORCHEXT_CUDA") == "0" or shutil.which("nvcc") is None:
+        pytest.skip("CPU-only build requested or no nvcc")
+    assert _loader.built_with_cuda(), "nvcc is on PATH but torchext was built without its CUDA kernels"

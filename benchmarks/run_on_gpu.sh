@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One call on a GPU machine: build torchext for the local torch, run the whole test suite (GPU tests included),
+# run the GPU tests again under compute-sanitizer memcheck, and run the op benchmark. Everything lands in $OUT.
+#
+#   OUT=out bash benchmarks/run_on_gpu.sh [build] [test] [memcheck] [bench]     (default: all four)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-$(nproc)}
+stages=${*:-build test memcheck bench}
+status=0
+
+has() { [[ " $stages " == *" $1 "* ]]; }
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+  python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+  nvcc --version | tail -1
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+if has build; then
+  echo "== build"
+  if ! TORCHEXT_CUDA=1 python setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
+    grep -E "error|Error" "$OUT/build.log" | head -30
+    exit 1
+  fi
+  grep -E "spill|warning" "$OUT/build.log" | sort | uniq -c | head -20
+fi
+
+if has test; then
+  echo "== tests"
+  python -m pytest tests -q -p no:cacheprovider -ra > "$OUT/pytest.log" 2>&1 || status=1
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -40
+  tail -1 "$OUT/pytest.log"
+fi
+
+if has memcheck; then
+  echo "== compute-sanitizer memcheck on the GPU tests"
+  compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 \
+    python -m pytest tests -q -p no:cacheprovider -m "gpu and not slow" -x > "$OUT/memcheck.log" 2>&1
+  rc=$?
+  grep -E "ERROR SUMMARY|Invalid|out of bounds|^FAILED" "$OUT/memcheck.log" | head -20
+  tail -1 "$OUT/memcheck.log"
+  echo "memcheck exit code $rc"
+  [ $rc -eq 0 ] || status=1
+fi
+
+if has bench; then
+  echo "== op benchmark"
+  python benchmarks/bench_ops.py --out "$OUT/ops_gpu.csv" > "$OUT/ops_gpu.md" 2> "$OUT/bench.err" || status=1
+  tail -5 "$OUT/bench.err"
+  cat "$OUT/ops_gpu.md"
+fi
+exit $status
