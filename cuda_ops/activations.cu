@@ -8,6 +8,8 @@
 // each a grid-stride loop that moves 16-byte vectors (4 floats, 8 halves, 2 doubles) with kIlp of them in flight
 // per thread before the first is used, then finishes the n % vector-width tail element by element. The vector path
 // needs every pointer 16-byte aligned; a misaligned view (a slice at an odd offset) takes the one-element path.
+// The grid is what fits on the GPU at once (resident_grid): a grid-stride loop over more blocks than that leaves
+// a partial last wave (measured on an H200: relu forward at 91% of copy bandwidth with 8 blocks per SM asked for).
 #include "activation_math.h"
 #include "activations.cuh"
 #include "common.cuh"
@@ -76,14 +78,20 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = nvec * VEC + tid; i < n; i += stride) z[i] = from_acc<T>(op(to_acc(a[i]), to_acc(b[i])));
 }
 
+// Each thread handles kIlp vectors of VEC elements per loop trip.
+template <int VEC>
+constexpr int64_t kPerBlock = static_cast<int64_t>(kThreads) * kIlp * VEC;
+
 template <typename T, typename Op>
 cudaError_t launch_unary(const T* x, T* y, int64_t n, Op op, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   constexpr int V = kVec16<T>;
   if (aligned_to(x, 16) && aligned_to(y, 16)) {
-    unary_kernel<T, V><<<grid_for((n / V + kIlp - 1) / kIlp + 1, kThreads), kThreads, 0, stream>>>(x, y, n, op);
+    const unsigned grid = resident_grid<unary_kernel<T, V, Op>>(kThreads, n, kPerBlock<V>);
+    unary_kernel<T, V><<<grid, kThreads, 0, stream>>>(x, y, n, op);
   } else {
-    unary_kernel<T, 1><<<grid_for((n + kIlp - 1) / kIlp, kThreads), kThreads, 0, stream>>>(x, y, n, op);
+    const unsigned grid = resident_grid<unary_kernel<T, 1, Op>>(kThreads, n, kPerBlock<1>);
+    unary_kernel<T, 1><<<grid, kThreads, 0, stream>>>(x, y, n, op);
   }
   return cudaGetLastError();
 }
@@ -93,9 +101,11 @@ cudaError_t launch_binary(const T* a, const T* b, T* z, int64_t n, Op op, cudaSt
   if (n == 0) return cudaSuccess;
   constexpr int V = kVec16<T>;
   if (aligned_to(a, 16) && aligned_to(b, 16) && aligned_to(z, 16)) {
-    binary_kernel<T, V><<<grid_for((n / V + kIlp - 1) / kIlp + 1, kThreads), kThreads, 0, stream>>>(a, b, z, n, op);
+    const unsigned grid = resident_grid<binary_kernel<T, V, Op>>(kThreads, n, kPerBlock<V>);
+    binary_kernel<T, V><<<grid, kThreads, 0, stream>>>(a, b, z, n, op);
   } else {
-    binary_kernel<T, 1><<<grid_for((n + kIlp - 1) / kIlp, kThreads), kThreads, 0, stream>>>(a, b, z, n, op);
+    const unsigned grid = resident_grid<binary_kernel<T, 1, Op>>(kThreads, n, kPerBlock<1>);
+    binary_kernel<T, 1><<<grid, kThreads, 0, stream>>>(a, b, z, n, op);
   }
   return cudaGetLastError();
 }

@@ -53,6 +53,26 @@ inline unsigned grid_for(int64_t work, int threads, int blocks_per_sm = 8) {
   return static_cast<unsigned>(g > 0 ? g : 1);
 }
 
+// Blocks for a grid-stride kernel: as many as can be resident at once (occupancy from the kernel's registers and
+// shared memory), never more than the work needs. More would leave a partial second wave running alone at the
+// end of the loop; fewer would leave multiprocessors idle. Cached per kernel and block size (the first device's
+// answer; the kernels run with one block size each).
+template <auto Kernel>
+unsigned resident_grid(int threads, int64_t work, int64_t work_per_block, size_t smem = 0) {
+  static const int per_sm = [&] {
+    int n = 0;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, threads, smem) == cudaSuccess && n > 0 ? n : 1;
+  }();
+  const int64_t need = (work + work_per_block - 1) / work_per_block;
+  const int64_t cap = static_cast<int64_t>(sm_count()) * per_sm;
+  const int64_t g = need < cap ? need : cap;
+  return static_cast<unsigned>(g > 0 ? g : 1);
+}
+
+// exp for reductions where a couple of ulps don't matter (softmax sums): the hardware ex2 for float.
+__device__ __forceinline__ float fast_exp(float x) { return __expf(x); }
+__device__ __forceinline__ double fast_exp(double x) { return exp(x); }
+
 template <typename A>
 __device__ __forceinline__ A warp_sum(A v, int width = 32) {
 #pragma unroll

@@ -29,8 +29,6 @@
 namespace torchext::cuda_ops {
 namespace {
 
-__device__ __forceinline__ float exp_(float x) { return expf(x); }
-__device__ __forceinline__ double exp_(double x) { return exp(x); }
 __device__ __forceinline__ float log_(float x) { return logf(x); }
 __device__ __forceinline__ double log_(double x) { return log(x); }
 
@@ -40,13 +38,15 @@ struct OnlineLse {
   A m = -INFINITY;
   A s = 0;
 
-  __device__ __forceinline__ void add(A x) {
-    if (x > m) {
-      s = s * exp_(m - x) + A(1);
-      m = x;
-    } else if (x != A(-INFINITY)) {
-      s += exp_(x - m);
-    }
+  // Folds in a chunk of values whose max is chunk_max: one rescale of s per chunk, then independent exps.
+  __device__ __forceinline__ void rescale_to(A chunk_max) {
+    const A nm = m > chunk_max ? m : chunk_max;
+    s = (nm == A(-INFINITY)) ? s : s * fast_exp(m - nm);
+    m = nm;
+  }
+  __device__ __forceinline__ void add_rescaled(A x) {
+    if (m != A(-INFINITY)) s += fast_exp(x - m);
+    else if (x != x) s = x;  // NaN in a row of -inf so far
   }
   __device__ __forceinline__ void merge(A om, A os) {
     const A nm = m > om ? m : om;
@@ -54,7 +54,7 @@ struct OnlineLse {
       s += os;
       return;
     }
-    s = s * exp_(m - nm) + os * exp_(om - nm);
+    s = s * fast_exp(m - nm) + os * fast_exp(om - nm);
     m = nm;
   }
   __device__ __forceinline__ A lse() const { return m + log_(s); }
@@ -67,19 +67,40 @@ struct RowStats {
   A wx = 0;
 };
 
-// Reads the columns [begin, end) of one row owned by this thread, `step` vectors apart.
+constexpr int kChunk = 4;  // vectors a thread loads before using any of them
+
+// Reads this thread's vectors of one row: begin, begin + step, ... < nvec, kChunk at a time.
 template <typename T, typename A, int VEC>
 __device__ __forceinline__ void accumulate_row(const T* __restrict__ row, const T* __restrict__ weight, int64_t begin,
                                                int64_t nvec, int64_t step, bool smoothing, RowStats<A>& st) {
   using V = Vec<T, VEC>;
-#pragma unroll 4
-  for (int64_t v = begin; v < nvec; v += step) {
-    const V q = reinterpret_cast<const V*>(row)[v];
+  for (int64_t v0 = begin; v0 < nvec; v0 += step * kChunk) {
+    V q[kChunk];
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      const A x = to_acc(q.v[k]);
-      st.lse.add(x);
-      if (smoothing) st.wx += (weight ? to_acc(weight[v * VEC + k]) : A(1)) * x;
+    for (int u = 0; u < kChunk; ++u) {
+      if (v0 + u * step < nvec) q[u] = reinterpret_cast<const V*>(row)[v0 + u * step];
+    }
+    A chunk_max = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const A x = to_acc(q[u].v[k]);
+        if (v0 + u * step < nvec && x > chunk_max) chunk_max = x;
+      }
+    }
+    st.lse.rescale_to(chunk_max);
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u) {
+      const int64_t v = v0 + u * step;
+      if (v < nvec) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const A x = to_acc(q[u].v[k]);
+          st.lse.add_rescaled(x);
+          if (smoothing) st.wx += (weight ? to_acc(weight[v * VEC + k]) : A(1)) * x;
+        }
+      }
     }
   }
 }
@@ -268,29 +289,38 @@ __global__ void __launch_bounds__(256)
     return row;
   };
   auto grad_at = [&](const Row& row, Index c, A x) {
-    A g = row.coef * exp_(x - row.lse);
+    A g = row.coef * fast_exp(x - row.lse);
     if (static_cast<int64_t>(c) == row.t) g -= row.hot;
     if (eps > A(0)) g -= eps_c * (a.weight ? to_acc(a.weight[c]) : A(1));
     return row.scale * g;
   };
 
   const Index stride = static_cast<Index>(gridDim.x) * blockDim.x;
-  for (Index v = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; v < nvec; v += stride) {
-    Index r = (v * VEC) / C;
-    Index c = v * VEC - r * C;
-    Row row = load_row(r);
-    const V x = reinterpret_cast<const V*>(a.logits)[v];
-    V out;
+  for (Index v0 = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; v0 < nvec; v0 += stride * kChunk) {
+    V x[kChunk];
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      if (k > 0 && c == C) {
-        c = 0;
-        row = load_row(++r);
-      }
-      out.v[k] = from_acc<T>(grad_at(row, c, to_acc(x.v[k])));
-      ++c;
+    for (int u = 0; u < kChunk; ++u) {
+      if (v0 + u * stride < nvec) x[u] = reinterpret_cast<const V*>(a.logits)[v0 + u * stride];
     }
-    reinterpret_cast<V*>(grad)[v] = out;
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u) {
+      const Index v = v0 + u * stride;
+      if (v >= nvec) break;
+      Index r = (v * VEC) / C;
+      Index c = v * VEC - r * C;
+      Row row = load_row(r);
+      V out;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        if (k > 0 && c == C) {
+          c = 0;
+          row = load_row(++r);
+        }
+        out.v[k] = from_acc<T>(grad_at(row, c, to_acc(x[u].v[k])));
+        ++c;
+      }
+      reinterpret_cast<V*>(grad)[v] = out;
+    }
   }
   for (Index e = nvec * VEC + static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += stride) {
     const Index r = e / C;
@@ -314,53 +344,67 @@ int threads_per_row(int64_t classes) {
   return 0;  // a whole block
 }
 
-unsigned forward_grid(int64_t rows, int64_t classes) {
+// The most blocks the forward may launch, which sizes the partial-sum workspace: a group kernel runs what fits on
+// the GPU at once (at most 2048 / 256 blocks per multiprocessor); the block-per-row kernel runs many short waves
+// so that the last one is a small part of the whole.
+unsigned forward_grid_cap(int64_t rows, int64_t classes) {
   const int g = threads_per_row(classes);
-  if (g == 0) return grid_for(rows, 1, 2048 / kBlockRowThreads);
-  const int64_t rows_per_block = kForwardThreads / g;
-  return grid_for(rows, static_cast<int>(rows_per_block), 2048 / kForwardThreads);
+  if (g == 0) return grid_for(rows, 1, 32);
+  return grid_for(rows, kForwardThreads / g, 2048 / kForwardThreads);
 }
 
+template <auto Kernel>
+unsigned group_grid(int64_t rows, int g, unsigned cap) {
+  const unsigned resident = resident_grid<Kernel>(kForwardThreads, rows, kForwardThreads / g);
+  return resident < cap ? resident : cap;
+}
+
+// Launches the forward for vector width VEC; returns the grid it used.
 template <typename T, typename A, int VEC>
-void launch_forward_vec(const CrossEntropyArgs<T, A>& a, T* loss, A* lse, A* partials, unsigned grid,
-                        cudaStream_t stream) {
+unsigned launch_forward_vec(const CrossEntropyArgs<T, A>& a, T* loss, A* lse, A* partials, cudaStream_t stream) {
+  const unsigned cap = forward_grid_cap(a.rows, a.classes);
+  unsigned grid = cap;
   switch (threads_per_row(a.classes)) {
     case 1:
+      grid = group_grid<cross_entropy_forward_kernel<T, A, 1, VEC>>(a.rows, 1, cap);
       cross_entropy_forward_kernel<T, A, 1, VEC><<<grid, kForwardThreads, 0, stream>>>(a, loss, lse, partials);
       break;
     case 4:
+      grid = group_grid<cross_entropy_forward_kernel<T, A, 4, VEC>>(a.rows, 4, cap);
       cross_entropy_forward_kernel<T, A, 4, VEC><<<grid, kForwardThreads, 0, stream>>>(a, loss, lse, partials);
       break;
     case 32:
+      grid = group_grid<cross_entropy_forward_kernel<T, A, 32, VEC>>(a.rows, 32, cap);
       cross_entropy_forward_kernel<T, A, 32, VEC><<<grid, kForwardThreads, 0, stream>>>(a, loss, lse, partials);
       break;
     default:
       cross_entropy_forward_block_kernel<T, A, VEC><<<grid, kBlockRowThreads, 0, stream>>>(a, loss, lse, partials);
   }
+  return grid;
 }
 
 }  // namespace
 
 int64_t cross_entropy_workspace_size(int64_t rows, int64_t classes) {
-  return 3 * static_cast<int64_t>(forward_grid(rows, classes));
+  return 3 * static_cast<int64_t>(forward_grid_cap(rows, classes));
 }
 
 template <typename T, typename A>
 cudaError_t cross_entropy_forward(const CrossEntropyArgs<T, A>& a, T* loss, A* lse, A* total_weight,
                                   int* bad_targets, A* workspace, cudaStream_t stream) {
-  const unsigned grid = forward_grid(a.rows, a.classes);
+  unsigned grid = 0;
   if (a.rows > 0) {
     const int vec = forward_vec(a.logits, a.classes);
     if (vec == kVec16<T>) {
-      launch_forward_vec<T, A, kVec16<T>>(a, loss, lse, workspace, grid, stream);
+      grid = launch_forward_vec<T, A, kVec16<T>>(a, loss, lse, workspace, stream);
     } else if (vec >= 2) {  // e.g. 10 float32 classes: 8-byte pairs
-      launch_forward_vec<T, A, 2>(a, loss, lse, workspace, grid, stream);
+      grid = launch_forward_vec<T, A, 2>(a, loss, lse, workspace, stream);
     } else {
-      launch_forward_vec<T, A, 1>(a, loss, lse, workspace, grid, stream);
+      grid = launch_forward_vec<T, A, 1>(a, loss, lse, workspace, stream);
     }
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
-  const int nblocks = a.rows > 0 ? static_cast<int>(grid) : 0;
+  const int nblocks = static_cast<int>(grid);
   cross_entropy_finalize_kernel<T, A><<<1, 512, 0, stream>>>(workspace, nblocks, a.reduction, loss, total_weight,
                                                               bad_targets);
   return cudaGetLastError();
@@ -374,19 +418,23 @@ cudaError_t cross_entropy_backward(const CrossEntropyArgs<T, A>& a, const T* gra
   constexpr int V = kVec16<T>;
   const bool vec = aligned_to(a.logits, 16) && aligned_to(grad_logits, 16);
   const bool small = n < (int64_t{1} << 31);
-  const unsigned grid = grid_for(vec ? n / V + 1 : n, 256);
+  const int64_t per_block = 256 * kChunk * (vec ? V : 1);
   if (vec && small) {
     cross_entropy_backward_kernel<T, A, V, uint32_t>
-        <<<grid, 256, 0, stream>>>(a, grad_loss, lse, total_weight, grad_logits);
+        <<<resident_grid<cross_entropy_backward_kernel<T, A, V, uint32_t>>(256, n, per_block), 256, 0, stream>>>(
+            a, grad_loss, lse, total_weight, grad_logits);
   } else if (vec) {
     cross_entropy_backward_kernel<T, A, V, int64_t>
-        <<<grid, 256, 0, stream>>>(a, grad_loss, lse, total_weight, grad_logits);
+        <<<resident_grid<cross_entropy_backward_kernel<T, A, V, int64_t>>(256, n, per_block), 256, 0, stream>>>(
+            a, grad_loss, lse, total_weight, grad_logits);
   } else if (small) {
     cross_entropy_backward_kernel<T, A, 1, uint32_t>
-        <<<grid, 256, 0, stream>>>(a, grad_loss, lse, total_weight, grad_logits);
+        <<<resident_grid<cross_entropy_backward_kernel<T, A, 1, uint32_t>>(256, n, per_block), 256, 0, stream>>>(
+            a, grad_loss, lse, total_weight, grad_logits);
   } else {
     cross_entropy_backward_kernel<T, A, 1, int64_t>
-        <<<grid, 256, 0, stream>>>(a, grad_loss, lse, total_weight, grad_logits);
+        <<<resident_grid<cross_entropy_backward_kernel<T, A, 1, int64_t>>(256, n, per_block), 256, 0, stream>>>(
+            a, grad_loss, lse, total_weight, grad_logits);
   }
   return cudaGetLastError();
 }
