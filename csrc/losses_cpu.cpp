@@ -272,17 +272,17 @@ void check_targets_cpu(const char* op, const at::Tensor& target, int64_t cols) {
   }
 }
 
-// Row r's loss: w[t] / C * sum over j != t of max(0, margin - x[t] + x[j])^p.
+// Row r's loss: w[t] / C * sum over j != t of max(0, margin - x[t] + x[j])^p, the sum in double.
 template <typename scalar_t>
 scalar_t multi_margin_row(const scalar_t* xr, int64_t t, const scalar_t* wp, int64_t cols, int64_t p,
                           scalar_t margin) {
   const scalar_t xt = xr[t];
-  scalar_t s = 0;
+  double s = 0.0;
   for (int64_t j = 0; j < cols; ++j) {
     const scalar_t z = margin - xt + xr[j];
     if (j != t && z > scalar_t(0)) s += p == 1 ? z : z * z;
   }
-  return (wp != nullptr ? wp[t] * s : s) / static_cast<scalar_t>(cols);
+  return static_cast<scalar_t>((wp != nullptr ? static_cast<double>(wp[t]) * s : s) / static_cast<double>(cols));
 }
 
 at::Tensor multi_margin_loss_cpu(const at::Tensor& self, const at::Tensor& target, int64_t p, double margin,
@@ -345,14 +345,14 @@ at::Tensor multi_margin_loss_backward_cpu(const at::Tensor& grad_output, const a
         const int64_t ti = tp[i];
         scalar_t gi = static_cast<scalar_t>(static_cast<double>(gp[per_row ? i : 0]) * scale);
         if (wp != nullptr) gi *= wp[ti];
-        scalar_t sum = 0;
+        double sum = 0.0;
         for (int64_t j = 0; j < cols; ++j) {
           const scalar_t z = m - xr[ti] + xr[j];
           const scalar_t h = j != ti && z > scalar_t(0) ? (p == 1 ? gi : scalar_t(2) * gi * z) : scalar_t(0);
           gr[j] = h;
           sum += h;
         }
-        gr[ti] = -sum;
+        gr[ti] = static_cast<scalar_t>(-sum);
       }
     });
   });
