@@ -45,8 +45,8 @@ at::Tensor check_grad_output(const char* op, const at::Tensor& grad_output, cons
   check_same_device(op, self, "self", grad_output, "grad_output");
   check_same_dtype(op, self, "self", grad_output, "grad_output");
   if (reduction == Reduction::None) {
-    TORCH_CHECK_VALUE(grad_output.sizes() == loss_shape, op, ": `grad_output` must have the loss's shape ",
-                      loss_shape, " under reduction='none', got ", grad_output.sizes());
+    TORCH_CHECK_VALUE(grad_output.sizes() == loss_shape, op, ": `grad_output` must have the loss's shape ", loss_shape,
+                      " under reduction='none', got ", grad_output.sizes());
   } else {
     TORCH_CHECK_VALUE(grad_output.dim() == 0, op,
                       ": `grad_output` must be 0-dim under reduction='mean' or 'sum', got shape ", grad_output.sizes());
@@ -87,8 +87,8 @@ std::vector<int64_t> multi_margin_loss_shape(const at::Tensor& target, Reduction
 }
 
 void report_bad_target(const char* op, int64_t row, int64_t value, int64_t cols) {
-  TORCH_CHECK_INDEX(false, op, ": `target` at row ", row, " is ", value, ", outside the valid class range [0, ",
-                    cols, ")");
+  TORCH_CHECK_INDEX(false, op, ": `target` at row ", row, " is ", value, ", outside the valid class range [0, ", cols,
+                    ")");
 }
 
 }  // namespace losses
@@ -134,8 +134,7 @@ at::Tensor pointwise_loss(const at::Tensor& x, Reduction reduction, double divis
 
 // grad[i] = f(i) * g(i), with g(i) the 'none' grad_output or the scalar grad_output times `scale`.
 template <typename scalar_t, typename F>
-at::Tensor pointwise_grad(const at::Tensor& x, const at::Tensor& grad_output, Reduction reduction, double scale,
-                          F f) {
+at::Tensor pointwise_grad(const at::Tensor& x, const at::Tensor& grad_output, Reduction reduction, double scale, F f) {
   at::Tensor grad = at::empty(x.sizes(), x.options());
   const scalar_t* gp = grad_output.const_data_ptr<scalar_t>();
   const bool per_element = reduction == Reduction::None;
@@ -257,8 +256,9 @@ at::Tensor binary_cross_entropy_with_logits_backward_cpu(const at::Tensor& grad_
     const scalar_t* pwp = pw.defined() ? pw.const_data_ptr<scalar_t>() : nullptr;
     grad = pointwise_grad<scalar_t>(x, g, r, scale, [=](int64_t i) {
       const scalar_t xi = xp[i], yi = yp[i], pwi = operand_at(pwp, pw_period, i);
-      const scalar_t d = wrt_target ? (pwi - scalar_t(1)) * softplus_neg(xi) - xi
-                                    : (scalar_t(1) + (pwi - scalar_t(1)) * yi) / (scalar_t(1) + std::exp(-xi)) - pwi * yi;
+      const scalar_t d = wrt_target
+                             ? (pwi - scalar_t(1)) * softplus_neg(xi) - xi
+                             : (scalar_t(1) + (pwi - scalar_t(1)) * yi) / (scalar_t(1) + std::exp(-xi)) - pwi * yi;
       return operand_at(wp, w_period, i) * d;
     });
   });
@@ -274,8 +274,7 @@ void check_targets_cpu(const char* op, const at::Tensor& target, int64_t cols) {
 
 // Row r's loss: w[t] / C * sum over j != t of max(0, margin - x[t] + x[j])^p, the sum in double.
 template <typename scalar_t>
-scalar_t multi_margin_row(const scalar_t* xr, int64_t t, const scalar_t* wp, int64_t cols, int64_t p,
-                          scalar_t margin) {
+scalar_t multi_margin_row(const scalar_t* xr, int64_t t, const scalar_t* wp, int64_t cols, int64_t p, scalar_t margin) {
   const scalar_t xt = xr[t];
   double s = 0.0;
   for (int64_t j = 0; j < cols; ++j) {

@@ -116,9 +116,9 @@ at::Tensor binary_cross_entropy_with_logits_cuda(const at::Tensor& self, const a
   at::Tensor ws = r == Reduction::None ? at::Tensor() : workspace_for(x);
   TORCHEXT_DISPATCH_CUDA_FLOATING(x.scalar_type(), "torchext_binary_cross_entropy_with_logits_cuda", [&] {
     C10_CUDA_CHECK(cuda_ops::binary_cross_entropy_with_logits_forward(
-        cuda_ptr<scalar_t>(x), cuda_ptr<scalar_t>(y), operand<scalar_t>(w, w_period),
-        operand<scalar_t>(pw, pw_period), cuda_mutable_ptr<scalar_t>(out), x.numel(), to_cuda(r),
-        ws.defined() ? ws.mutable_data_ptr() : nullptr, current_stream()));
+        cuda_ptr<scalar_t>(x), cuda_ptr<scalar_t>(y), operand<scalar_t>(w, w_period), operand<scalar_t>(pw, pw_period),
+        cuda_mutable_ptr<scalar_t>(out), x.numel(), to_cuda(r), ws.defined() ? ws.mutable_data_ptr() : nullptr,
+        current_stream()));
   });
   return out;
 }

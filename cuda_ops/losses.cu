@@ -3,7 +3,8 @@
 // Math (A is the computation type: float for float32/float16/bfloat16, double for float64):
 //   mse_loss                          l_i = w_i (x_i - y_i)^2
 //                                     dl/dx_i = 2 w_i (x_i - y_i)                (dl/dy_i = -dl/dx_i, in Python)
-//   binary_cross_entropy_with_logits  lw_i = 1 + (pw_i - 1) y_i,  sp_i = softplus(-x_i) = log1p(e^-|x_i|) + max(-x_i, 0)
+//   binary_cross_entropy_with_logits  lw_i = 1 + (pw_i - 1) y_i
+//                                     sp_i = softplus(-x_i) = log1p(e^-|x_i|) + max(-x_i, 0)
 //                                     l_i = w_i ((1 - y_i) x_i + lw_i sp_i)
 //                                     dl/dx_i = w_i (lw_i sigmoid(x_i) - pw_i y_i)
 //                                     dl/dy_i = w_i ((pw_i - 1) sp_i - x_i)
@@ -337,8 +338,7 @@ template <typename T>
 cudaError_t binary_cross_entropy_with_logits_forward(const T* x, const T* y, LossOperand<T> weight,
                                                      LossOperand<T> pos_weight, T* out, int64_t n,
                                                      LossReduction reduction, void* workspace, cudaStream_t stream) {
-  return launch_loss(out, n, reduction, BceWithLogitsForward<T>{x, y, weight, pos_weight}, NoTerm{}, workspace,
-                     stream);
+  return launch_loss(out, n, reduction, BceWithLogitsForward<T>{x, y, weight, pos_weight}, NoTerm{}, workspace, stream);
 }
 
 template <typename T>
@@ -356,9 +356,9 @@ cudaError_t binary_cross_entropy_with_logits_backward(const T* grad_output, cons
 }
 
 template <typename T>
-cudaError_t multi_margin_loss_forward(const T* x, const int64_t* target, const T* w, T* out, int64_t rows,
-                                      int64_t cols, int p, double margin, LossReduction reduction, void* workspace,
-                                      int64_t* bad_row, cudaStream_t stream) {
+cudaError_t multi_margin_loss_forward(const T* x, const int64_t* target, const T* w, T* out, int64_t rows, int64_t cols,
+                                      int p, double margin, LossReduction reduction, void* workspace, int64_t* bad_row,
+                                      cudaStream_t stream) {
   using A = acc_t<T>;
   const bool reduce = reduction != LossReduction::None;
   if (rows == 0 && !reduce) return cudaSuccess;
@@ -381,9 +381,9 @@ cudaError_t multi_margin_loss_forward(const T* x, const int64_t* target, const T
 }
 
 template <typename T>
-cudaError_t multi_margin_loss_backward(const T* grad_output, const T* x, const int64_t* target, const T* w,
-                                       T* grad_x, int64_t rows, int64_t cols, int p, double margin,
-                                       LossReduction reduction, int64_t* bad_row, cudaStream_t stream) {
+cudaError_t multi_margin_loss_backward(const T* grad_output, const T* x, const int64_t* target, const T* w, T* grad_x,
+                                       int64_t rows, int64_t cols, int p, double margin, LossReduction reduction,
+                                       int64_t* bad_row, cudaStream_t stream) {
   using A = acc_t<T>;
   if (rows == 0) return cudaSuccess;
   const double frames = reduction == LossReduction::Mean ? static_cast<double>(rows) : 1.0;
@@ -392,29 +392,27 @@ cudaError_t multi_margin_loss_backward(const T* grad_output, const T* x, const i
   const unsigned blocks = rows_grid(rows, false);
   const A m = static_cast<A>(margin);
   if (p == 1) {
-    multi_margin_loss_backward_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(grad_output, per_row, scale, x, target,
-                                                                              w, grad_x, rows, cols, m, bad_row);
+    multi_margin_loss_backward_kernel<T, 1>
+        <<<blocks, kThreads, 0, stream>>>(grad_output, per_row, scale, x, target, w, grad_x, rows, cols, m, bad_row);
   } else {
-    multi_margin_loss_backward_kernel<T, 2><<<blocks, kThreads, 0, stream>>>(grad_output, per_row, scale, x, target,
-                                                                              w, grad_x, rows, cols, m, bad_row);
+    multi_margin_loss_backward_kernel<T, 2>
+        <<<blocks, kThreads, 0, stream>>>(grad_output, per_row, scale, x, target, w, grad_x, rows, cols, m, bad_row);
   }
   return cudaGetLastError();
 }
 
-#define TORCHEXT_INSTANTIATE_LOSSES(T)                                                                              \
-  template cudaError_t mse_loss_forward<T>(const T*, const T*, const T*, T*, int64_t, LossReduction, void*,        \
-                                           cudaStream_t);                                                           \
-  template cudaError_t mse_loss_backward<T>(const T*, const T*, const T*, const T*, T*, int64_t, LossReduction,    \
-                                            void*, cudaStream_t);                                                   \
-  template cudaError_t binary_cross_entropy_with_logits_forward<T>(const T*, const T*, LossOperand<T>,             \
-                                                                   LossOperand<T>, T*, int64_t, LossReduction,     \
-                                                                   void*, cudaStream_t);                            \
-  template cudaError_t binary_cross_entropy_with_logits_backward<T>(const T*, const T*, const T*, LossOperand<T>,  \
-                                                                    LossOperand<T>, T*, int64_t, LossReduction,    \
-                                                                    bool, cudaStream_t);                            \
-  template cudaError_t multi_margin_loss_forward<T>(const T*, const int64_t*, const T*, T*, int64_t, int64_t, int, \
-                                                    double, LossReduction, void*, int64_t*, cudaStream_t);          \
-  template cudaError_t multi_margin_loss_backward<T>(const T*, const T*, const int64_t*, const T*, T*, int64_t,    \
+#define TORCHEXT_INSTANTIATE_LOSSES(T)                                                                                 \
+  template cudaError_t mse_loss_forward<T>(const T*, const T*, const T*, T*, int64_t, LossReduction, void*,            \
+                                           cudaStream_t);                                                              \
+  template cudaError_t mse_loss_backward<T>(const T*, const T*, const T*, const T*, T*, int64_t, LossReduction, void*, \
+                                            cudaStream_t);                                                             \
+  template cudaError_t binary_cross_entropy_with_logits_forward<T>(const T*, const T*, LossOperand<T>, LossOperand<T>, \
+                                                                   T*, int64_t, LossReduction, void*, cudaStream_t);   \
+  template cudaError_t binary_cross_entropy_with_logits_backward<T>(                                                   \
+      const T*, const T*, const T*, LossOperand<T>, LossOperand<T>, T*, int64_t, LossReduction, bool, cudaStream_t);   \
+  template cudaError_t multi_margin_loss_forward<T>(const T*, const int64_t*, const T*, T*, int64_t, int64_t, int,     \
+                                                    double, LossReduction, void*, int64_t*, cudaStream_t);             \
+  template cudaError_t multi_margin_loss_backward<T>(const T*, const T*, const int64_t*, const T*, T*, int64_t,        \
                                                      int64_t, int, double, LossReduction, int64_t*, cudaStream_t);
 
 TORCHEXT_INSTANTIATE_LOSSES(float)

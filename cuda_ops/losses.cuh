@@ -51,12 +51,12 @@ cudaError_t binary_cross_entropy_with_logits_backward(const T* grad_output, cons
 // A target outside [0, cols) makes its row's loss (or gradient) NaN and lowers *bad_row to that row index
 // (atomicMin): the caller initialises *bad_row to `rows` and reads it back to report the error.
 template <typename T>
-cudaError_t multi_margin_loss_forward(const T* x, const int64_t* target, const T* w, T* out, int64_t rows,
-                                      int64_t cols, int p, double margin, LossReduction reduction, void* workspace,
-                                      int64_t* bad_row, cudaStream_t stream);
+cudaError_t multi_margin_loss_forward(const T* x, const int64_t* target, const T* w, T* out, int64_t rows, int64_t cols,
+                                      int p, double margin, LossReduction reduction, void* workspace, int64_t* bad_row,
+                                      cudaStream_t stream);
 template <typename T>
-cudaError_t multi_margin_loss_backward(const T* grad_output, const T* x, const int64_t* target, const T* w,
-                                       T* grad_x, int64_t rows, int64_t cols, int p, double margin,
-                                       LossReduction reduction, int64_t* bad_row, cudaStream_t stream);
+cudaError_t multi_margin_loss_backward(const T* grad_output, const T* x, const int64_t* target, const T* w, T* grad_x,
+                                       int64_t rows, int64_t cols, int p, double margin, LossReduction reduction,
+                                       int64_t* bad_row, cudaStream_t stream);
 
 }  // namespace torchext::cuda_ops

@@ -169,9 +169,7 @@ def _bce_backward(ctx, grad):
     return grad_self, grad_target, None, None, None
 
 
-torch.library.register_autograd(
-    "torchext::binary_cross_entropy_with_logits", _bce_backward, setup_context=_bce_setup
-)
+torch.library.register_autograd("torchext::binary_cross_entropy_with_logits", _bce_backward, setup_context=_bce_setup)
 
 
 def _multi_margin_setup(ctx, inputs, output):
