@@ -74,12 +74,9 @@ struct GradOutput {
   }
 };
 
+// The second sum's term: none (NoTerm) or the weight (a weighted mean divides by its sum).
 struct NoTerm {
   static constexpr bool kActive = false;
-  template <typename A>
-  __device__ A operator()(int64_t) const {
-    return A(0);
-  }
 };
 
 template <typename T>
