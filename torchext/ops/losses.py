@@ -1,4 +1,199 @@
-"""Placeholder until this family lands."""
-def mse_loss(*a, **k): raise NotImplementedError
-def binary_cross_entropy_with_logits(*a, **k): raise NotImplementedError
-def multi_margin_loss(*a, **k): raise NotImplementedError
+"""Losses: mse_loss, binary_cross_entropy_with_logits, multi_margin_loss.
+
+Semantics are torch.nn.functional's (including mse_loss's weighted mean, sum(w (x - y)^2) / sum(w)); 'mean' and
+'sum' give a 0-dim tensor of the input's dtype. Reductions are deterministic on both backends.
+
+Autocast rule: under torch.autocast (CUDA and CPU) every op here, backward included, runs in float32, as PyTorch
+runs its own losses; the result is float32 whatever the autocast dtype.
+"""
+
+import warnings
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ._common import autocast_to_float32
+
+__all__ = ["mse_loss", "binary_cross_entropy_with_logits", "multi_margin_loss"]
+
+_ops = torch.ops.torchext
+
+_REDUCTIONS = ("none", "mean", "sum")
+
+
+def mse_loss(input: Tensor, target: Tensor, weight: Optional[Tensor] = None, reduction: str = "mean") -> Tensor:
+    """Squared error w (input - target)^2; 'mean' divides the sum by the number of elements, or by sum(weight) when
+    weight (input's shape) is given. A target of another shape is broadcast against input, with a warning, as in
+    torch.nn.functional.mse_loss."""
+    if target.size() != input.size():
+        warnings.warn(
+            f"Using a target size ({target.size()}) that is different to the input size ({input.size()}). "
+            "This will likely lead to incorrect results due to broadcasting. "
+            "Please ensure they have the same size.",
+            stacklevel=2,
+        )
+        if weight is not None and weight.size() != input.size():
+            raise ValueError(f"`weight` must have the input's size {tuple(input.shape)}, got {tuple(weight.shape)}")
+        input, target = (t.contiguous() for t in torch.broadcast_tensors(input, target))
+        if weight is not None:
+            weight = weight.expand(input.shape).contiguous()
+    return _ops.mse_loss.default(input, target, weight, reduction)
+
+
+def binary_cross_entropy_with_logits(
+    input: Tensor,
+    target: Tensor,
+    weight: Optional[Tensor] = None,
+    pos_weight: Optional[Tensor] = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """Binary cross entropy on logits, computed stably: w ((1 - y) x + (1 + (pos_weight - 1) y) softplus(-x)).
+    target has input's shape; weight broadcasts to input's shape, pos_weight too (typically one value per class,
+    along the last dimension). 'mean' divides by the number of elements."""
+    return _ops.binary_cross_entropy_with_logits.default(input, target, weight, pos_weight, reduction)
+
+
+def multi_margin_loss(
+    input: Tensor,
+    target: Tensor,
+    p: int = 1,
+    margin: float = 1.0,
+    weight: Optional[Tensor] = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """Multi-class hinge loss on input (N, C) or (C,) with int64 class indices target (N,) or 0-dim:
+    per row, weight[y] / C * sum over j != y of max(0, margin - input[y] + input[j])^p, p in {1, 2}.
+    'mean' divides by N. A target outside [0, C) raises IndexError (on CUDA after a stream sync, skipped while
+    the stream is being captured into a CUDA graph, where such a row gives NaN instead)."""
+    return _ops.multi_margin_loss.default(input, target, p, margin, weight, reduction)
+
+
+# Fake kernels: shape and dtype of the results, for torch.compile and meta tensors. Results are contiguous.
+def _check_reduction(reduction: str) -> None:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"`reduction` must be 'none', 'mean' or 'sum', got '{reduction}'")
+
+
+def _pointwise_loss_like(self: Tensor, reduction: str) -> Tensor:
+    _check_reduction(reduction)
+    return self.new_empty(self.shape if reduction == "none" else ())
+
+
+@torch.library.register_fake("torchext::mse_loss")
+def _(self, target, weight=None, reduction="mean"):
+    return _pointwise_loss_like(self, reduction)
+
+
+@torch.library.register_fake("torchext::mse_loss_backward")
+def _(grad_output, self, target, weight, reduction):
+    _check_reduction(reduction)
+    return self.new_empty(self.shape)
+
+
+@torch.library.register_fake("torchext::binary_cross_entropy_with_logits")
+def _(self, target, weight=None, pos_weight=None, reduction="mean"):
+    return _pointwise_loss_like(self, reduction)
+
+
+@torch.library.register_fake("torchext::binary_cross_entropy_with_logits_backward")
+def _(grad_output, self, target, weight, pos_weight, reduction, wrt_target=False):
+    _check_reduction(reduction)
+    return self.new_empty(self.shape)
+
+
+@torch.library.register_fake("torchext::multi_margin_loss")
+def _(self, target, p=1, margin=1.0, weight=None, reduction="mean"):
+    _check_reduction(reduction)
+    if reduction == "none" and target.dim() > 0:
+        return self.new_empty((target.numel(),))
+    return self.new_empty(())
+
+
+@torch.library.register_fake("torchext::multi_margin_loss_backward")
+def _(grad_output, self, target, p, margin, weight, reduction):
+    _check_reduction(reduction)
+    return self.new_empty(self.shape)
+
+
+# Autograd. Backward calls the registered backward ops; d/dtarget of mse_loss is -d/dinput.
+def _needs_grad(ctx, index: int) -> bool:
+    # Trailing arguments equal to their defaults are not passed through autograd: they have no entry.
+    return index < len(ctx.needs_input_grad) and ctx.needs_input_grad[index]
+
+
+def _no_weight_grad(op: str, ctx, indices_and_names) -> None:
+    for index, name in indices_and_names:
+        if _needs_grad(ctx, index):
+            raise NotImplementedError(f"torchext::{op}: the gradient with respect to `{name}` is not implemented")
+
+
+def _mse_setup(ctx, inputs, output):
+    self, target, weight, reduction = inputs
+    ctx.reduction = reduction
+    if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+        ctx.save_for_backward(self, target, weight)
+
+
+def _mse_backward(ctx, grad):
+    _no_weight_grad("mse_loss", ctx, [(2, "weight")])
+    grad_self = grad_target = None
+    if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+        self, target, weight = ctx.saved_tensors
+        g = _ops.mse_loss_backward.default(grad, self, target, weight, ctx.reduction)
+        grad_self = g if ctx.needs_input_grad[0] else None
+        grad_target = -g if ctx.needs_input_grad[1] else None
+    return grad_self, grad_target, None, None
+
+
+torch.library.register_autograd("torchext::mse_loss", _mse_backward, setup_context=_mse_setup)
+
+
+def _bce_setup(ctx, inputs, output):
+    self, target, weight, pos_weight, reduction = inputs
+    ctx.reduction = reduction
+    if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+        ctx.save_for_backward(self, target, weight, pos_weight)
+
+
+def _bce_backward(ctx, grad):
+    _no_weight_grad("binary_cross_entropy_with_logits", ctx, [(2, "weight"), (3, "pos_weight")])
+    grad_self = grad_target = None
+    if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+        self, target, weight, pos_weight = ctx.saved_tensors
+        backward = _ops.binary_cross_entropy_with_logits_backward.default
+        if ctx.needs_input_grad[0]:
+            grad_self = backward(grad, self, target, weight, pos_weight, ctx.reduction, False)
+        if ctx.needs_input_grad[1]:
+            grad_target = backward(grad, self, target, weight, pos_weight, ctx.reduction, True)
+    return grad_self, grad_target, None, None, None
+
+
+torch.library.register_autograd("torchext::binary_cross_entropy_with_logits", _bce_backward, setup_context=_bce_setup)
+
+
+def _multi_margin_setup(ctx, inputs, output):
+    self, target, p, margin, weight, reduction = inputs
+    ctx.p, ctx.margin, ctx.reduction = p, margin, reduction
+    if ctx.needs_input_grad[0]:
+        ctx.save_for_backward(self, target, weight)
+
+
+def _multi_margin_backward(ctx, grad):
+    _no_weight_grad("multi_margin_loss", ctx, [(4, "weight")])
+    grad_self = None
+    if ctx.needs_input_grad[0]:
+        self, target, weight = ctx.saved_tensors
+        grad_self = _ops.multi_margin_loss_backward.default(
+            grad, self, target, ctx.p, ctx.margin, weight, ctx.reduction
+        )
+    return grad_self, None, None, None, None, None
+
+
+torch.library.register_autograd(
+    "torchext::multi_margin_loss", _multi_margin_backward, setup_context=_multi_margin_setup
+)
+
+for _name in ("mse_loss", "binary_cross_entropy_with_logits", "multi_margin_loss"):
+    autocast_to_float32(f"torchext::{_name}")
+    autocast_to_float32(f"torchext::{_name}_backward")
