@@ -21,7 +21,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import report  # noqa: E402
-from common import CsvWriter, environment, time_fn  # noqa: E402
+from common import CsvWriter, device_time_fn, environment, time_fn  # noqa: E402
 
 import torchext  # noqa: E402
 
@@ -70,18 +70,28 @@ class Bench:
             both = self.time(lambda: torch.autograd.grad(fn(x), x, g))
             self.w.timing(name, provider, "fwd+bwd", shape, dtype, both, 5 * n * s)
 
-    def loss(self, name, fns, x_shape, make_target, dtype, tensor_target=False):
+    def loss(self, name, fns, x_shape, make_target, dtype, tensor_target=False, unchecked=False):
         """fwd and fwd+bwd of a loss reduced to a scalar. Bytes per input element: forward reads the input (and a
-        same-shaped float target); backward reads them again and writes the gradient."""
+        same-shaped float target); backward reads them again and writes the gradient. With unchecked, torchext is
+        also run with TORCHEXT_CHECK_TARGETS=0 (no read-back of the device-side target check), as provider
+        'torchext-unchecked'."""
         x = randn(x_shape, dtype, self.device, requires_grad=True)
         target = make_target(x)
         n, s = x.numel(), x.element_size()
         reads = 2 if tensor_target else 1
-        for provider, fn in zip(("torchext", "torch"), fns):
+        providers = [("torchext", fns[0]), ("torch", fns[1])]
+        if unchecked and self.device != "cpu":
+            providers.append(("torchext-unchecked", fns[0]))
+        for provider, fn in providers:
+            if provider == "torchext-unchecked":
+                os.environ["TORCHEXT_CHECK_TARGETS"] = "0"
             with torch.no_grad():
                 self.w.timing(name, provider, "fwd", x_shape, dtype, self.time(lambda: fn(x, target)), reads * n * s)
-            both = self.time(lambda: torch.autograd.grad(fn(x, target), x))
-            self.w.timing(name, provider, "fwd+bwd", x_shape, dtype, both, (2 * reads + 1) * n * s)
+            step = lambda: torch.autograd.grad(fn(x, target), x)  # noqa: E731
+            self.w.timing(name, provider, "fwd+bwd", x_shape, dtype, self.time(step), (2 * reads + 1) * n * s)
+            if self.device != "cpu":
+                self.w.device_time(name, provider, "fwd+bwd", x_shape, dtype, device_time_fn(step, self.device))
+            os.environ.pop("TORCHEXT_CHECK_TARGETS", None)
 
 
 def main(argv=None):
@@ -132,6 +142,7 @@ def main(argv=None):
                     shape,
                     lambda x: torch.randint(0, x.shape[1], (x.shape[0],), device=x.device),
                     dt,
+                    unchecked=True,
                 )
     if "losses" in ops:
         m = n // 16

@@ -2,8 +2,8 @@
 //
 // Out-of-range targets: the forward kernel counts them on the device; this wrapper reads the count back (one
 // 4-byte copy and a stream synchronization per call) and raises an IndexError naming `target`, where PyTorch
-// would stop the process with a device-side assert. While the stream is being captured into a CUDA graph no
-// synchronization is allowed, so the check is skipped and invalid rows give a NaN loss instead.
+// would stop the process with a device-side assert. Skipped under CUDA-graph capture or TORCHEXT_CHECK_TARGETS=0
+// (may_read_back_checks); invalid rows then give a NaN loss.
 #include <torch/library.h>
 
 #include "cross_entropy.cuh"
@@ -24,12 +24,6 @@ cuda_ops::LossReduction to_cuda_reduction(Reduction r) {
     default:
       return cuda_ops::LossReduction::Sum;
   }
-}
-
-bool stream_is_capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  return status != cudaStreamCaptureStatusNone;
 }
 
 // Fills the kernel arguments; `weight_sum` holds sum(weight) when the kernels need it (weight and smoothing).
@@ -83,7 +77,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_cuda(const at::Tens
                                                    bad_targets.mutable_data_ptr<int>(), workspace.mutable_data_ptr<A>(),
                                                    stream));
   });
-  if (N > 0 && !stream_is_capturing(stream)) {
+  if (N > 0 && may_read_back_checks(stream)) {
     const int bad = bad_targets.item<int>();
     TORCH_CHECK_INDEX(bad == 0, kOp, ": `target` values must be in [0, ", C, ") or equal ignore_index (",
                       ignore_index, "); ", bad, " of ", N, " targets are not");

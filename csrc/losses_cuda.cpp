@@ -147,12 +147,10 @@ at::Tensor binary_cross_entropy_with_logits_backward_cuda(const at::Tensor& grad
   return grad;
 }
 
-// *bad_row < rows means the kernel met a target outside [0, cols): report the first such row. Costs one small
-// copy and a stream sync, skipped while the stream is being captured (the offending rows are NaN then).
+// *bad_row < rows means the kernel met a target outside [0, cols): report the first such row (see
+// may_read_back_checks for when this is skipped; the offending rows are NaN then).
 void check_bad_row(const char* op, const at::Tensor& bad_row, const at::Tensor& target, int64_t rows, int64_t cols) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(current_stream(), &status));
-  if (status != cudaStreamCaptureStatusNone) return;
+  if (!may_read_back_checks(current_stream())) return;
   const int64_t row = bad_row.item<int64_t>();
   if (row < rows) losses::report_bad_target(op, row, target.reshape({-1})[row].item<int64_t>(), cols);
 }
