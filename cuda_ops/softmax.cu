@@ -1,0 +1,460 @@
+// Softmax and log-softmax over the last dimension, forward and backward.
+//
+// Math (row by row; m = max(x), s = sum(exp(x - m)), subtracting m keeps exp from overflowing):
+//   forward      y = exp(x - m) / s                      log: y = (x - m) - log(s)
+//   backward     g_x = y * (g - sum(g * y))              log: g_x = g - exp(y) * sum(g)
+// Like PyTorch, a row of all -inf, or a row holding +inf or NaN, gives NaN everywhere in that row.
+//
+// Shapes: x, y, g, g_x are row-major (rows, cols), rows = product of the leading dimensions, cols = last dimension.
+// __half and __nv_bfloat16 load and store in their own type and compute in float32; float64 computes in float64.
+//
+// Paths (SoftmaxPath in softmax.cuh; kAuto picks the first that holds the row):
+//   v1 tile      cols <= 32. A block takes a tile of ROWS consecutive rows (one contiguous span of memory), loads it
+//                with coalesced element loads into shared memory (row stride padded to an odd number of words so
+//                one-thread-per-row reads are bank-conflict free), one thread per row computes the row, and the tile
+//                is stored back coalesced. Rows of 10 classes waste nothing on idle lanes or partial vectors.
+//   v2 warp      cols <= 1024. One warp per row, E = 2..32 elements per lane in registers (compile-time buckets),
+//                16-byte loads when cols is a multiple of the vector width and the pointers are aligned, warp
+//                shuffle reductions, 4 rows per 128-thread block.
+//   v3 block     cols <= 32768 forward (16384 backward; half that for float64). One block of 128..1024 threads per
+//                row, the row in registers (8..32 elements per thread), block reductions. One read of each input,
+//                one write.
+//   v4 two-pass  any cols. One block per row; pass 1 reads the row once keeping a running (max, sum) per thread
+//                (rescaled when the max grows), pass 2 reads it again and writes. The second read usually hits L2.
+// Every path handles widths that are not a multiple of the vector width (element loads) and misaligned pointers;
+// row offsets are 64-bit.
+//
+// Napkin math (bench/ measures against it): forward moves 2 * rows * cols * sizeof(T) bytes (read x, write y),
+// backward 3 * rows * cols * sizeof(T) (read g and y, write g_x). At 2^28 float32 elements that is 2 GiB forward,
+// 3 GiB backward: about 0.7 ms and 1.1 ms at the ~3 TB/s an H100 copies device to device. Compute is a few flops
+// and one exp per element: far below what the SMs can do, so the goal is copy bandwidth. v4 moves 3 (forward) or
+// 5 (backward) element-streams per element when L2 misses the second read.
+#include <climits>
+
+#include "common.cuh"
+#include "softmax.cuh"
+
+namespace torchext::cuda_ops {
+namespace {
+
+constexpr int kTileMaxCols = 32;
+constexpr int kWarpMaxCols = 1024;
+constexpr int kWarpBlockThreads = 128;
+constexpr int kTwoPassThreads = 512;
+constexpr int kTileIlp = 8;     // loads in flight per thread in the tile kernel
+constexpr int kTwoPassIlp = 4;  // vectors in flight per thread in the two-pass kernel (half that per input backward)
+
+__device__ __forceinline__ float acc_exp(float v) { return expf(v); }
+__device__ __forceinline__ double acc_exp(double v) { return exp(v); }
+__device__ __forceinline__ float acc_log(float v) { return logf(v); }
+__device__ __forceinline__ double acc_log(double v) { return log(v); }
+
+template <typename A>
+__device__ __forceinline__ A neg_inf() {
+  return A(-INFINITY);
+}
+
+// Max and sum over a group of GROUP threads: a warp, or the whole block (scratch holds 32 values).
+template <int GROUP, typename A>
+__device__ __forceinline__ A group_max(A v, A* scratch) {
+  if constexpr (GROUP == 32) {
+    return warp_max(v);
+  } else {
+    return block_max(v, scratch);
+  }
+}
+template <int GROUP, typename A>
+__device__ __forceinline__ A group_sum(A v, A* scratch) {
+  if constexpr (GROUP == 32) {
+    return warp_sum(v);
+  } else {
+    return block_sum(v, scratch);
+  }
+}
+
+inline unsigned grid_cap(int64_t blocks) {
+  return static_cast<unsigned>(blocks < INT_MAX ? (blocks > 0 ? blocks : 1) : INT_MAX);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// v1 tile: ROWS rows per block, one thread per row, the tile staged in shared memory in the accumulation type.
+// Element e of the tile (row e / cols, column e % cols) sits at e + pad * (e / cols): rows padded to an odd stride.
+// div_magic = ceil(2^32 / cols) makes e / cols one __umulhi (exact for e < 2^13 and cols <= 32).
+
+__device__ __forceinline__ int tile_slot(int e, int pad, uint32_t div_magic) {
+  return pad ? e + static_cast<int>(__umulhi(static_cast<uint32_t>(e), div_magic)) : e;
+}
+
+template <typename T, int ROWS>
+__device__ __forceinline__ void tile_load(const T* __restrict__ src, acc_t<T>* dst, int n, int pad,
+                                          uint32_t div_magic) {
+  T buf[kTileIlp];
+  for (int base = threadIdx.x; base < n; base += kTileIlp * ROWS) {
+#pragma unroll
+    for (int k = 0; k < kTileIlp; ++k) {
+      const int e = base + k * ROWS;
+      if (e < n) buf[k] = src[e];
+    }
+#pragma unroll
+    for (int k = 0; k < kTileIlp; ++k) {
+      const int e = base + k * ROWS;
+      if (e < n) dst[tile_slot(e, pad, div_magic)] = to_acc(buf[k]);
+    }
+  }
+}
+
+template <typename T, int ROWS, bool BWD>
+__global__ void __launch_bounds__(ROWS)
+    softmax_tile_kernel(const T* __restrict__ in0, const T* __restrict__ in1, T* __restrict__ out, int64_t rows,
+                        int cols, uint32_t div_magic, bool log) {
+  using A = acc_t<T>;
+  extern __shared__ __align__(16) unsigned char tile_smem[];
+  const int pad = (cols & 1) ^ 1;
+  const int stride = cols + pad;
+  A* t0 = reinterpret_cast<A*>(tile_smem);  // x forward, g backward; then the result
+  A* t1 = t0 + ROWS * stride;               // y backward
+  const int64_t ntiles = (rows + ROWS - 1) / ROWS;
+  for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+    const int64_t row0 = tile * ROWS;
+    const int nrows = static_cast<int>(rows - row0 < ROWS ? rows - row0 : ROWS);
+    const int n = nrows * cols;
+    const int64_t base = row0 * cols;
+    tile_load<T, ROWS>(in0 + base, t0, n, pad, div_magic);
+    if constexpr (BWD) tile_load<T, ROWS>(in1 + base, t1, n, pad, div_magic);
+    __syncthreads();
+    if (static_cast<int>(threadIdx.x) < nrows) {
+      A* p = t0 + threadIdx.x * stride;
+      if constexpr (!BWD) {
+        A m = p[0];
+        for (int j = 1; j < cols; ++j) m = max(m, p[j]);
+        A s = 0;
+        for (int j = 0; j < cols; ++j) {
+          const A e = acc_exp(p[j] - m);
+          s += e;
+          if (!log) p[j] = e;
+        }
+        if (log) {
+          const A ls = acc_log(s);
+          for (int j = 0; j < cols; ++j) p[j] = (p[j] - m) - ls;
+        } else {
+          const A inv = A(1) / s;
+          for (int j = 0; j < cols; ++j) p[j] *= inv;
+        }
+      } else {
+        const A* yp = t1 + threadIdx.x * stride;
+        A s = 0;
+        for (int j = 0; j < cols; ++j) s += log ? p[j] : p[j] * yp[j];
+        for (int j = 0; j < cols; ++j) p[j] = log ? p[j] - acc_exp(yp[j]) * s : yp[j] * (p[j] - s);
+      }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < n; e += ROWS) out[base + e] = from_acc<T>(t0[tile_slot(e, pad, div_magic)]);
+    __syncthreads();  // the next tile overwrites shared memory
+  }
+}
+
+template <typename T, bool BWD>
+cudaError_t launch_tile(const T* in0, const T* in1, T* out, int64_t rows, int cols, bool log, cudaStream_t stream) {
+  using A = acc_t<T>;
+  // About 34 KB of shared memory per block at cols = 32 for every type: 256 float rows forward, fewer otherwise.
+  constexpr int kRows = 256 * 4 / static_cast<int>(sizeof(A)) / (BWD ? 2 : 1);
+  const int stride = cols + ((cols & 1) ^ 1);
+  const size_t smem = static_cast<size_t>(kRows) * stride * sizeof(A) * (BWD ? 2 : 1);
+  const uint32_t div_magic = cols > 1 ? static_cast<uint32_t>(((uint64_t{1} << 32) + cols - 1) / cols) : 0;
+  const unsigned grid = grid_cap((rows + kRows - 1) / kRows);
+  softmax_tile_kernel<T, kRows, BWD><<<grid, kRows, smem, stream>>>(in0, in1, out, rows, cols, div_magic, log);
+  return cudaGetLastError();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// v2 warp and v3 block: a GROUP of threads (a warp, or the whole block) per row, the row in registers: each thread
+// holds E elements as E / V vectors, vector k of thread `lane` being elements (lane + k * GROUP) * V ... + V - 1.
+// V > 1 needs cols % V == 0 (a vector is wholly inside the row or wholly past it) and V-aligned pointers.
+
+template <typename T, int THREADS, int GROUP, int E, int V, bool BWD>
+__global__ void __launch_bounds__(THREADS)
+    softmax_rows_kernel(const T* __restrict__ in0, const T* __restrict__ in1, T* __restrict__ out, int64_t rows,
+                        int cols, bool log) {
+  using A = acc_t<T>;
+  using Vt = Vec<T, V>;
+  constexpr int NV = E / V;
+  constexpr int GROUPS = THREADS / GROUP;
+  __shared__ A scratch[GROUP == 32 ? 1 : 32];
+  const int lane = threadIdx.x % GROUP;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * GROUPS + threadIdx.x / GROUP;
+  for (int64_t row = first; row < rows; row += static_cast<int64_t>(gridDim.x) * GROUPS) {
+    const int64_t off = row * cols;
+    A a[E];                // x forward, g backward
+    A b[BWD ? E : 1];      // y backward
+    const A fill = BWD ? A(0) : neg_inf<A>();  // past the row: adds nothing to the max or the sums
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int c = (lane + k * GROUP) * V;
+      if (c < cols) {
+        const Vt va = *reinterpret_cast<const Vt*>(in0 + off + c);
+#pragma unroll
+        for (int j = 0; j < V; ++j) a[k * V + j] = to_acc(va.v[j]);
+        if constexpr (BWD) {
+          const Vt vb = *reinterpret_cast<const Vt*>(in1 + off + c);
+#pragma unroll
+          for (int j = 0; j < V; ++j) b[k * V + j] = to_acc(vb.v[j]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          a[k * V + j] = fill;
+          if constexpr (BWD) b[k * V + j] = A(0);
+        }
+      }
+    }
+    if constexpr (!BWD) {
+      A m = a[0];
+#pragma unroll
+      for (int i = 1; i < E; ++i) m = max(m, a[i]);
+      m = group_max<GROUP>(m, scratch);
+      A s = 0;
+#pragma unroll
+      for (int i = 0; i < E; ++i) {
+        const A e = acc_exp(a[i] - m);
+        s += e;
+        a[i] = log ? a[i] - m : e;
+      }
+      s = group_sum<GROUP>(s, scratch);
+      if (log) {
+        const A ls = acc_log(s);
+#pragma unroll
+        for (int i = 0; i < E; ++i) a[i] -= ls;
+      } else {
+        const A inv = A(1) / s;
+#pragma unroll
+        for (int i = 0; i < E; ++i) a[i] *= inv;
+      }
+    } else {
+      A s = 0;
+#pragma unroll
+      for (int i = 0; i < E; ++i) s += log ? a[i] : a[i] * b[i];
+      s = group_sum<GROUP>(s, scratch);
+#pragma unroll
+      for (int i = 0; i < E; ++i) a[i] = log ? a[i] - acc_exp(b[i]) * s : b[i] * (a[i] - s);
+    }
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int c = (lane + k * GROUP) * V;
+      if (c < cols) {
+        Vt vo;
+#pragma unroll
+        for (int j = 0; j < V; ++j) vo.v[j] = from_acc<T>(a[k * V + j]);
+        *reinterpret_cast<Vt*>(out + off + c) = vo;
+      }
+    }
+  }
+}
+
+template <typename T, int THREADS, int GROUP, int E, bool BWD>
+cudaError_t launch_rows(const T* in0, const T* in1, T* out, int64_t rows, int cols, bool log, cudaStream_t stream) {
+  constexpr int V = kVec16<T> < E ? kVec16<T> : E;
+  constexpr size_t bytes = V * sizeof(T);
+  const bool vec = cols % V == 0 && aligned_to(in0, bytes) && aligned_to(out, bytes) && (!BWD || aligned_to(in1, bytes));
+  const unsigned grid = grid_cap((rows + THREADS / GROUP - 1) / (THREADS / GROUP));
+  if (vec) {
+    softmax_rows_kernel<T, THREADS, GROUP, E, V, BWD><<<grid, THREADS, 0, stream>>>(in0, in1, out, rows, cols, log);
+  } else {
+    softmax_rows_kernel<T, THREADS, GROUP, E, 1, BWD><<<grid, THREADS, 0, stream>>>(in0, in1, out, rows, cols, log);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T, bool BWD>
+cudaError_t launch_warp(const T* in0, const T* in1, T* out, int64_t rows, int cols, bool log, cudaStream_t stream) {
+  constexpr int G = 32, TH = kWarpBlockThreads;
+  if (cols <= 2 * G) return launch_rows<T, TH, G, 2, BWD>(in0, in1, out, rows, cols, log, stream);
+  if (cols <= 4 * G) return launch_rows<T, TH, G, 4, BWD>(in0, in1, out, rows, cols, log, stream);
+  if (cols <= 8 * G) return launch_rows<T, TH, G, 8, BWD>(in0, in1, out, rows, cols, log, stream);
+  if (cols <= 16 * G) return launch_rows<T, TH, G, 16, BWD>(in0, in1, out, rows, cols, log, stream);
+  return launch_rows<T, TH, G, 32, BWD>(in0, in1, out, rows, cols, log, stream);
+}
+
+// Elements per thread of the largest v3 bucket: 32 registers of row data per thread at 1024 threads (the most
+// __launch_bounds__(1024) leaves room for), shared between the inputs.
+template <typename T, bool BWD>
+constexpr int kBlockMaxElems = 32 * 4 / static_cast<int>(sizeof(acc_t<T>)) / (BWD ? 2 : 1);
+
+template <typename T, bool BWD>
+constexpr int64_t block_capacity() {
+  return int64_t{1024} * kBlockMaxElems<T, BWD>;
+}
+
+template <typename T, bool BWD>
+cudaError_t launch_block(const T* in0, const T* in1, T* out, int64_t rows, int cols, bool log, cudaStream_t stream) {
+  constexpr int EH = kBlockMaxElems<T, BWD> / 2, EF = kBlockMaxElems<T, BWD>;
+  if (cols <= 128 * EH) return launch_rows<T, 128, 128, EH, BWD>(in0, in1, out, rows, cols, log, stream);
+  if (cols <= 256 * EH) return launch_rows<T, 256, 256, EH, BWD>(in0, in1, out, rows, cols, log, stream);
+  if (cols <= 512 * EH) return launch_rows<T, 512, 512, EH, BWD>(in0, in1, out, rows, cols, log, stream);
+  if (cols <= 1024 * EH) return launch_rows<T, 1024, 1024, EH, BWD>(in0, in1, out, rows, cols, log, stream);
+  return launch_rows<T, 1024, 1024, EF, BWD>(in0, in1, out, rows, cols, log, stream);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// v4 two-pass: one block per row, any width. Forward pass 1 keeps a running (m, s) per thread: when the max grows
+// from m to m', s is rescaled by exp(m - m'). -inf elements add 0 explicitly (exp(-inf - -inf) would be NaN while
+// the running max is still -inf); a NaN element makes s NaN, as it should.
+
+template <typename A>
+__device__ __forceinline__ void online_add(A& m, A& s, const A* v, int n) {
+  A cm = v[0];
+  for (int j = 1; j < n; ++j) cm = max(cm, v[j]);
+  const A mn = max(m, cm);
+  s *= (m == mn) ? A(1) : acc_exp(m - mn);
+  for (int j = 0; j < n; ++j) s += v[j] == neg_inf<A>() ? A(0) : acc_exp(v[j] - mn);
+  m = mn;
+}
+
+template <typename T, int V, bool BWD>
+__global__ void __launch_bounds__(kTwoPassThreads)
+    softmax_two_pass_kernel(const T* __restrict__ in0, const T* __restrict__ in1, T* __restrict__ out, int64_t rows,
+                            int64_t cols, bool log) {
+  using A = acc_t<T>;
+  using Vt = Vec<T, V>;
+  constexpr int TH = kTwoPassThreads, U = BWD ? kTwoPassIlp / 2 : kTwoPassIlp;
+  __shared__ A scratch[32];
+  const int64_t nvec = cols / V;  // the launcher picks V dividing cols
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const Vt* p0 = reinterpret_cast<const Vt*>(in0 + row * cols);
+    const Vt* p1 = reinterpret_cast<const Vt*>(in1 + row * cols);  // unused forward
+    Vt* po = reinterpret_cast<Vt*>(out + row * cols);
+
+    A m = neg_inf<A>(), s = 0;
+    for (int64_t base = threadIdx.x; base < nvec; base += TH * U) {
+      Vt va[U], vb[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t i = base + int64_t{u} * TH;
+        if (i < nvec) {
+          va[u] = p0[i];
+          if constexpr (BWD) vb[u] = p1[i];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (base + int64_t{u} * TH < nvec) {
+          A v[V];
+#pragma unroll
+          for (int j = 0; j < V; ++j) v[j] = to_acc(va[u].v[j]);
+          if constexpr (BWD) {
+#pragma unroll
+            for (int j = 0; j < V; ++j) s += log ? v[j] : v[j] * to_acc(vb[u].v[j]);
+          } else {
+            online_add(m, s, v, V);
+          }
+        }
+      }
+    }
+    if constexpr (!BWD) {
+      const A mb = block_max(m, scratch);
+      s = (m == mb) ? s : s * acc_exp(m - mb);
+      m = mb;
+    }
+    s = block_sum(s, scratch);
+    const A ls = (!BWD && log) ? acc_log(s) : A(0);
+    const A inv = A(1) / s;
+
+    for (int64_t base = threadIdx.x; base < nvec; base += TH * U) {
+      Vt va[U], vb[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t i = base + int64_t{u} * TH;
+        if (i < nvec) {
+          va[u] = p0[i];
+          if constexpr (BWD) vb[u] = p1[i];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t i = base + int64_t{u} * TH;
+        if (i < nvec) {
+          Vt vo;
+#pragma unroll
+          for (int j = 0; j < V; ++j) {
+            const A x = to_acc(va[u].v[j]);
+            A r;
+            if constexpr (BWD) {
+              const A y = to_acc(vb[u].v[j]);
+              r = log ? x - acc_exp(y) * s : y * (x - s);
+            } else {
+              r = log ? (x - m) - ls : acc_exp(x - m) * inv;
+            }
+            vo.v[j] = from_acc<T>(r);
+          }
+          po[i] = vo;
+        }
+      }
+    }
+  }
+}
+
+template <typename T, bool BWD>
+cudaError_t launch_two_pass(const T* in0, const T* in1, T* out, int64_t rows, int64_t cols, bool log,
+                            cudaStream_t stream) {
+  constexpr int V = kVec16<T>;
+  const bool vec = cols % V == 0 && aligned_to(in0, 16) && aligned_to(out, 16) && (!BWD || aligned_to(in1, 16));
+  const unsigned grid = grid_cap(rows);
+  if (vec) {
+    softmax_two_pass_kernel<T, V, BWD><<<grid, kTwoPassThreads, 0, stream>>>(in0, in1, out, rows, cols, log);
+  } else {
+    softmax_two_pass_kernel<T, 1, BWD><<<grid, kTwoPassThreads, 0, stream>>>(in0, in1, out, rows, cols, log);
+  }
+  return cudaGetLastError();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+template <typename T, bool BWD>
+cudaError_t launch(const T* in0, const T* in1, T* out, int64_t rows, int64_t cols, bool log, cudaStream_t stream,
+                   SoftmaxPath path) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  if (path == SoftmaxPath::kAuto) {
+    path = cols <= kTileMaxCols                ? SoftmaxPath::kTile
+           : cols <= kWarpMaxCols              ? SoftmaxPath::kWarp
+           : cols <= block_capacity<T, BWD>() ? SoftmaxPath::kBlock
+                                               : SoftmaxPath::kTwoPass;
+  }
+  const int c = static_cast<int>(cols < INT_MAX ? cols : INT_MAX);
+  switch (path) {
+    case SoftmaxPath::kTile:
+      if (cols > kTileMaxCols) return cudaErrorInvalidValue;
+      return launch_tile<T, BWD>(in0, in1, out, rows, c, log, stream);
+    case SoftmaxPath::kWarp:
+      if (cols > kWarpMaxCols) return cudaErrorInvalidValue;
+      return launch_warp<T, BWD>(in0, in1, out, rows, c, log, stream);
+    case SoftmaxPath::kBlock:
+      if (cols > block_capacity<T, BWD>()) return cudaErrorInvalidValue;
+      return launch_block<T, BWD>(in0, in1, out, rows, c, log, stream);
+    default:
+      return launch_two_pass<T, BWD>(in0, in1, out, rows, cols, log, stream);
+  }
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t softmax_forward(const T* x, T* y, int64_t rows, int64_t cols, bool log, cudaStream_t stream,
+                            SoftmaxPath path) {
+  return launch<T, false>(x, nullptr, y, rows, cols, log, stream, path);
+}
+
+template <typename T>
+cudaError_t softmax_backward(const T* grad_y, const T* y, T* grad_x, int64_t rows, int64_t cols, bool log,
+                             cudaStream_t stream, SoftmaxPath path) {
+  return launch<T, true>(grad_y, y, grad_x, rows, cols, log, stream, path);
+}
+
+#define TORCHEXT_INSTANTIATE_SOFTMAX(T)                                                                     \
+  template cudaError_t softmax_forward<T>(const T*, T*, int64_t, int64_t, bool, cudaStream_t, SoftmaxPath); \
+  template cudaError_t softmax_backward<T>(const T*, const T*, T*, int64_t, int64_t, bool, cudaStream_t, SoftmaxPath);
+
+TORCHEXT_INSTANTIATE_SOFTMAX(float)
+TORCHEXT_INSTANTIATE_SOFTMAX(double)
+TORCHEXT_INSTANTIATE_SOFTMAX(__half)
+TORCHEXT_INSTANTIATE_SOFTMAX(__nv_bfloat16)
+
+}  // namespace torchext::cuda_ops
