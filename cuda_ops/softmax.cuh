@@ -18,8 +18,8 @@ namespace torchext::cuda_ops {
 enum class SoftmaxPath {
   kAuto,
   kTile,     // cols <= 32: a tile of rows staged in shared memory, one thread per row
-  kWarp,     // cols <= 1024: one warp per row, the row in registers
-  kBlock,    // cols <= 32768 (forward, 4-byte accumulation) or less: one block per row, the row in registers
+  kWarp,     // cols <= 1024: 8 to 32 lanes of a warp per row, the row in registers
+  kBlock,    // cols <= 32768 (16384 in float64): one block per row, the row in registers (and shared memory)
   kTwoPass,  // any cols: one block per row, reads the row twice
 };
 
