@@ -24,8 +24,8 @@ at::Tensor forward_cuda(const char* op, const at::Tensor& self, bool log) {
   const auto [rows, cols] = rows_cols(x);
   if (rows == 0) return y;
   TORCHEXT_DISPATCH_CUDA_FLOATING(x.scalar_type(), "torchext_softmax_cuda", [&] {
-    C10_CUDA_CHECK(
-        cuda_ops::softmax_forward(cuda_ptr<scalar_t>(x), cuda_mutable_ptr<scalar_t>(y), rows, cols, log, current_stream()));
+    C10_CUDA_CHECK(cuda_ops::softmax_forward(cuda_ptr<scalar_t>(x), cuda_mutable_ptr<scalar_t>(y), rows, cols, log,
+                                             current_stream()));
   });
   return y;
 }

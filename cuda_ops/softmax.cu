@@ -161,9 +161,11 @@ __global__ void __launch_bounds__(ROWS)
   A* t1 = t0 + ROWS * stride;               // y backward
   const A fill = BWD ? A(0) : neg_inf<A>();
   const int64_t ntiles = (rows + ROWS - 1) / ROWS;
-  auto tile_rows = [&](int64_t tile) { return static_cast<int>(rows - tile * ROWS < ROWS ? rows - tile * ROWS : ROWS); };
-  T b0[MAXC];                // the fetched tile of x forward, g backward
-  T b1[BWD ? MAXC : 1];      // y backward
+  auto tile_rows = [&](int64_t tile) {
+    return static_cast<int>(rows - tile * ROWS < ROWS ? rows - tile * ROWS : ROWS);
+  };
+  T b0[MAXC];            // the fetched tile of x forward, g backward
+  T b1[BWD ? MAXC : 1];  // y backward
   int64_t tile = blockIdx.x;
   if (tile < ntiles) {
     tile_fetch<ROWS>(in0 + tile * ROWS * cols, b0, tile_rows(tile) * cols);
@@ -227,8 +229,8 @@ cudaError_t launch_tile_bucket(const T* in0, const T* in1, T* out, int64_t rows,
   if (err != cudaSuccess) return err;
   const int64_t ntiles = (rows + kRows - 1) / kRows;
   const int64_t resident = int64_t{sm_count()} * (per_sm > 0 ? per_sm : 1);
-  kernel<<<grid_cap(ntiles < resident ? ntiles : resident), kRows, smem, stream>>>(in0, in1, out, rows, cols,
-                                                                                   div_magic, log);
+  kernel<<<grid_cap(ntiles < resident ? ntiles : resident), kRows, smem, stream>>>(in0, in1, out, rows, cols, div_magic,
+                                                                                   log);
   return cudaGetLastError();
 }
 
@@ -250,9 +252,8 @@ cudaError_t launch_tile(const T* in0, const T* in1, T* out, int64_t rows, int co
 // same per-thread layout, so a row twice the register budget still makes one pass over memory.
 
 template <typename T, int THREADS, int GROUP, int E, int V, bool BWD, bool Y_SMEM>
-__global__ void __launch_bounds__(THREADS)
-    softmax_rows_kernel(const T* __restrict__ in0, const T* __restrict__ in1, T* __restrict__ out, int64_t rows,
-                        int cols, bool log) {
+__global__ void __launch_bounds__(THREADS) softmax_rows_kernel(const T* __restrict__ in0, const T* __restrict__ in1,
+                                                               T* __restrict__ out, int64_t rows, int cols, bool log) {
   using A = acc_t<T>;
   using Vt = Vec<T, V>;
   constexpr int NV = E / V;
@@ -288,7 +289,7 @@ __global__ void __launch_bounds__(THREADS)
       }
       __syncthreads();
     }
-    A a[E];                      // x forward, g backward; then the result
+    A a[E];                       // x forward, g backward; then the result
     A b[BWD && !Y_SMEM ? E : 1];  // y backward
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
@@ -335,7 +336,8 @@ template <typename T, int THREADS, int GROUP, int E, bool BWD, bool Y_SMEM = fal
 cudaError_t launch_rows(const T* in0, const T* in1, T* out, int64_t rows, int cols, bool log, cudaStream_t stream) {
   constexpr int V = kVec16<T> < E ? kVec16<T> : E;
   constexpr size_t bytes = V * sizeof(T);
-  const bool vec = cols % V == 0 && aligned_to(in0, bytes) && aligned_to(out, bytes) && (!BWD || aligned_to(in1, bytes));
+  const bool vec =
+      cols % V == 0 && aligned_to(in0, bytes) && aligned_to(out, bytes) && (!BWD || aligned_to(in1, bytes));
   const unsigned grid = grid_cap((rows + THREADS / GROUP - 1) / (THREADS / GROUP));
   const size_t smem = Y_SMEM ? size_t{THREADS} * E * sizeof(T) : 0;
   auto run = [&](auto kernel) {
@@ -503,10 +505,10 @@ cudaError_t launch(const T* in0, const T* in1, T* out, int64_t rows, int64_t col
                    SoftmaxPath path) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   if (path == SoftmaxPath::kAuto) {
-    path = cols <= kTileMaxCols                ? SoftmaxPath::kTile
-           : cols <= kWarpMaxCols              ? SoftmaxPath::kWarp
+    path = cols <= kTileMaxCols          ? SoftmaxPath::kTile
+           : cols <= kWarpMaxCols        ? SoftmaxPath::kWarp
            : cols <= block_capacity<T>() ? SoftmaxPath::kBlock
-                                               : SoftmaxPath::kTwoPass;
+                                         : SoftmaxPath::kTwoPass;
   }
   const int c = static_cast<int>(cols < INT_MAX ? cols : INT_MAX);
   switch (path) {
