@@ -1,3 +1,62 @@
-"""Placeholder until this family lands."""
-def softmax(input): raise NotImplementedError
-def log_softmax(input): raise NotImplementedError
+"""Softmax and log_softmax over the last dimension.
+
+The ops reduce over the last dimension of a tensor of any shape (a 0-dim tensor is one element) and return a
+contiguous result of the input's shape. Backward differentiates from the saved output alone:
+softmax: grad_input = y * (grad - sum(grad * y)); log_softmax: grad_input = grad - exp(y) * sum(grad).
+
+Autocast rule: under torch.autocast (CUDA and CPU), all four ops cast their floating inputs to float32 and return
+float32, as PyTorch runs softmax and log_softmax in float32 under autocast.
+"""
+
+import torch
+from torch import Tensor
+
+from ._common import autocast_to_float32
+
+__all__ = ["softmax", "log_softmax"]
+
+_ops = torch.ops.torchext
+
+
+def softmax(input: Tensor) -> Tensor:
+    """exp(input) / sum(exp(input)) over the last dimension, computed stably (the row max is subtracted first)."""
+    return _ops.softmax.default(input)
+
+
+def log_softmax(input: Tensor) -> Tensor:
+    """input - log(sum(exp(input))) over the last dimension, computed stably (the row max is subtracted first)."""
+    return _ops.log_softmax.default(input)
+
+
+# Fake kernels: the C++ ops return a new contiguous tensor of the input's shape and dtype.
+for _name in ("softmax", "log_softmax"):
+    torch.library.register_fake(f"torchext::{_name}", lambda self: self.new_empty(self.shape))
+    torch.library.register_fake(
+        f"torchext::{_name}_backward", lambda grad_output, output: output.new_empty(output.shape)
+    )
+
+
+def _save_output(ctx, inputs, output):
+    ctx.save_for_backward(output)
+
+
+def _backward_from(backward_op):
+    def backward(ctx, grad):
+        if not ctx.needs_input_grad[0]:
+            return None
+        (output,) = ctx.saved_tensors
+        return backward_op(grad, output)
+
+    return backward
+
+
+torch.library.register_autograd(
+    "torchext::softmax", _backward_from(_ops.softmax_backward.default), setup_context=_save_output
+)
+torch.library.register_autograd(
+    "torchext::log_softmax", _backward_from(_ops.log_softmax_backward.default), setup_context=_save_output
+)
+
+for _name in ("softmax", "log_softmax"):
+    autocast_to_float32(f"torchext::{_name}")
+    autocast_to_float32(f"torchext::{_name}_backward")
