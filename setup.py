@@ -6,6 +6,8 @@ Environment variables (all optional):
   TORCH_CUDA_ARCH_LIST  GPU architectures to compile for. Default "8.0;8.6;8.9;9.0+PTX".
   MAX_JOBS              parallel compile jobs for ninja.
   DEBUG                 1 builds with -O0 -g (and -lineinfo for CUDA).
+  TORCHEXT_PY_LIMITED_API  1 builds the module against Python's limited API (one binary for every CPython
+                        version; it then does not link libtorch_python). Default 1.
 """
 
 import glob
@@ -80,6 +82,7 @@ def write_build_info(with_cuda: bool) -> None:
 
 def make_extension():
     with_cuda = want_cuda()
+    limited_api = os.environ.get("TORCHEXT_PY_LIMITED_API", "1") == "1"
     debug = os.environ.get("DEBUG", "0") == "1"
     if with_cuda:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_ARCH_LIST)
@@ -98,7 +101,7 @@ def make_extension():
             cpu_sources,
             include_dirs=include_dirs,
             extra_compile_args={"cxx": cxx_flags},
-            py_limited_api=True,
+            py_limited_api=limited_api,
         )
     # No -std flag: torch.utils.cpp_extension picks the standard its headers need (C++17 or C++20).
     nvcc_flags = opt + [
@@ -119,7 +122,7 @@ def make_extension():
         cpu_sources + cuda_wrappers + sorted(glob.glob("cuda_ops/*.cu")),
         include_dirs=include_dirs,
         extra_compile_args={"cxx": cxx_flags + ["-DTORCHEXT_WITH_CUDA"] + fallback_cxx_includes, "nvcc": nvcc_flags},
-        py_limited_api=True,
+        py_limited_api=limited_api,
     )
 
 
@@ -128,5 +131,5 @@ setup(
     packages=find_packages(include=["torchext", "torchext.*"]),
     ext_modules=[make_extension()],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-    options={"bdist_wheel": {"py_limited_api": "cp39"}},
+    options={"bdist_wheel": {"py_limited_api": "cp39"}} if os.environ.get("TORCHEXT_PY_LIMITED_API", "1") == "1" else {},
 )

@@ -10,8 +10,9 @@
 //
 // Kernels:
 //   cross_entropy_forward_kernel        G threads per row (G = 1, 4 or 32, by C) accumulate an online
-//                                       log-sum-exp (running max and scaled sum, one exp per element) and
-//                                       sum_c w_c x_c in a single read of the row; for C > 2048,
+//                                       log-sum-exp (running max and scaled sum, one exp per element, one
+//                                       rescale per chunk of four vectors) and sum_c w_c x_c in a single read
+//                                       of the row; for long rows too few to fill the GPU with warps,
 //   cross_entropy_forward_block_kernel  one block per row does the same with a block reduction.
 //   Both write loss_i (reduction 'none') and lse_i, and leave per-block partial sums of loss, weight and bad
 //   targets; cross_entropy_finalize_kernel (one block) adds the partials in a fixed order, so 'mean' and 'sum'
@@ -69,39 +70,41 @@ struct RowStats {
 
 constexpr int kChunk = 4;  // vectors a thread loads before using any of them
 
-// Reads this thread's vectors of one row: begin, begin + step, ... < nvec, kChunk at a time.
+// Reads this thread's vectors of one row: begin, begin + step, ... < nvec, kChunk at a time while whole chunks
+// remain (no bounds checks inside), then one at a time.
 template <typename T, typename A, int VEC>
 __device__ __forceinline__ void accumulate_row(const T* __restrict__ row, const T* __restrict__ weight, int64_t begin,
                                                int64_t nvec, int64_t step, bool smoothing, RowStats<A>& st) {
   using V = Vec<T, VEC>;
-  for (int64_t v0 = begin; v0 < nvec; v0 += step * kChunk) {
-    V q[kChunk];
-#pragma unroll
-    for (int u = 0; u < kChunk; ++u) {
-      if (v0 + u * step < nvec) q[u] = reinterpret_cast<const V*>(row)[v0 + u * step];
-    }
+  const V* rv = reinterpret_cast<const V*>(row);
+  auto fold = [&](const V* q, int count, int64_t v0) {
     A chunk_max = -INFINITY;
 #pragma unroll
-    for (int u = 0; u < kChunk; ++u) {
+    for (int u = 0; u < count; ++u) {
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        const A x = to_acc(q[u].v[k]);
-        if (v0 + u * step < nvec && x > chunk_max) chunk_max = x;
-      }
+      for (int k = 0; k < VEC; ++k) chunk_max = max(chunk_max, to_acc(q[u].v[k]));
     }
     st.lse.rescale_to(chunk_max);
 #pragma unroll
-    for (int u = 0; u < kChunk; ++u) {
-      const int64_t v = v0 + u * step;
-      if (v < nvec) {
+    for (int u = 0; u < count; ++u) {
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          const A x = to_acc(q[u].v[k]);
-          st.lse.add_rescaled(x);
-          if (smoothing) st.wx += (weight ? to_acc(weight[v * VEC + k]) : A(1)) * x;
-        }
+      for (int k = 0; k < VEC; ++k) {
+        const A x = to_acc(q[u].v[k]);
+        st.lse.add_rescaled(x);
+        if (smoothing) st.wx += (weight ? to_acc(weight[(v0 + u * step) * VEC + k]) : A(1)) * x;
       }
     }
+  };
+  int64_t v0 = begin;
+  for (; v0 + (kChunk - 1) * step < nvec; v0 += kChunk * step) {
+    V q[kChunk];
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u) q[u] = rv[v0 + u * step];
+    fold(q, kChunk, v0);
+  }
+  for (; v0 < nvec; v0 += step) {
+    const V q = rv[v0];
+    fold(&q, 1, v0);
   }
 }
 
@@ -251,31 +254,33 @@ __global__ void cross_entropy_finalize_kernel(const A* __restrict__ partials, in
   }
 }
 
-// Backward, elementwise over the flat N*C gradient. Row constants (scale, a_i, target, lse) are refreshed when
-// the column index wraps, so a thread divides once per vector, not once per element.
-template <typename T, typename A, int VEC, typename Index>
-__global__ void __launch_bounds__(256)
-    cross_entropy_backward_kernel(CrossEntropyArgs<T, A> a, const T* __restrict__ grad_loss,
-                                  const A* __restrict__ lse, const A* __restrict__ total_weight,
-                                  T* __restrict__ grad) {
-  using V = Vec<T, VEC>;
-  const Index C = static_cast<Index>(a.classes);
-  const Index n = static_cast<Index>(a.rows) * C;
-  const Index nvec = n / VEC;
-  const A eps = a.label_smoothing;
-  const A eps_c = eps / static_cast<A>(a.classes);
-  const A wsum = (a.weight && eps > A(0)) ? *a.weight_sum : static_cast<A>(a.classes);
-  A reduced_scale = 0;
-  if (a.reduction == LossReduction::Mean) reduced_scale = to_acc(grad_loss[0]) / *total_weight;
-  if (a.reduction == LossReduction::Sum) reduced_scale = to_acc(grad_loss[0]);
+// What backward needs of one row: grad_ij = scale * (coef * exp(x_ij - lse_i) - hot * [j == t] - eps/C w_j).
+template <typename T, typename A>
+struct BackwardRow {
+  A scale, coef, hot, lse;
+  int64_t t;
+};
 
-  // Row constants: grad_ij = scale * (coef * exp(x_ij - lse_i) - hot * [j == t] - eps/C w_j).
-  struct Row {
-    A scale, coef, hot, lse;
-    int64_t t;
-  };
-  auto load_row = [&](Index r) {
-    Row row;
+// Constants shared by every row of a backward launch.
+template <typename T, typename A>
+struct BackwardContext {
+  CrossEntropyArgs<T, A> a;
+  const T* grad_loss;
+  const A* lse;
+  A eps, eps_c, wsum, reduced_scale;
+
+  __device__ BackwardContext(const CrossEntropyArgs<T, A>& args, const T* g, const A* l, const A* total_weight)
+      : a(args), grad_loss(g), lse(l) {
+    eps = a.label_smoothing;
+    eps_c = eps / static_cast<A>(a.classes);
+    wsum = (a.weight && eps > A(0)) ? *a.weight_sum : static_cast<A>(a.classes);
+    reduced_scale = 0;
+    if (a.reduction == LossReduction::Mean) reduced_scale = to_acc(grad_loss[0]) / *total_weight;
+    if (a.reduction == LossReduction::Sum) reduced_scale = to_acc(grad_loss[0]);
+  }
+
+  __device__ __forceinline__ BackwardRow<T, A> row(int64_t r) const {
+    BackwardRow<T, A> row;
     row.t = a.target[r];
     row.lse = lse[r];
     const bool ignored = row.t == a.ignore_index;
@@ -287,14 +292,28 @@ __global__ void __launch_bounds__(256)
     row.coef = (A(1) - eps) * wt + eps_c * wsum;
     row.hot = (A(1) - eps) * wt;
     return row;
-  };
-  auto grad_at = [&](const Row& row, Index c, A x) {
+  }
+
+  __device__ __forceinline__ A grad(const BackwardRow<T, A>& row, int64_t c, A x) const {
     A g = row.coef * fast_exp(x - row.lse);
-    if (static_cast<int64_t>(c) == row.t) g -= row.hot;
+    if (c == row.t) g -= row.hot;
     if (eps > A(0)) g -= eps_c * (a.weight ? to_acc(a.weight[c]) : A(1));
     return row.scale * g;
-  };
+  }
+};
 
+// Backward, elementwise over the flat N*C gradient, for short rows (a vector may span rows). Row constants are
+// refreshed when the column index wraps, so a thread divides once per vector, not once per element.
+template <typename T, typename A, int VEC, typename Index>
+__global__ void __launch_bounds__(256)
+    cross_entropy_backward_kernel(CrossEntropyArgs<T, A> a, const T* __restrict__ grad_loss,
+                                  const A* __restrict__ lse, const A* __restrict__ total_weight,
+                                  T* __restrict__ grad) {
+  using V = Vec<T, VEC>;
+  const BackwardContext<T, A> ctx(a, grad_loss, lse, total_weight);
+  const Index C = static_cast<Index>(a.classes);
+  const Index n = static_cast<Index>(a.rows) * C;
+  const Index nvec = n / VEC;
   const Index stride = static_cast<Index>(gridDim.x) * blockDim.x;
   for (Index v0 = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; v0 < nvec; v0 += stride * kChunk) {
     V x[kChunk];
@@ -308,15 +327,15 @@ __global__ void __launch_bounds__(256)
       if (v >= nvec) break;
       Index r = (v * VEC) / C;
       Index c = v * VEC - r * C;
-      Row row = load_row(r);
+      BackwardRow<T, A> row = ctx.row(r);
       V out;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         if (k > 0 && c == C) {
           c = 0;
-          row = load_row(++r);
+          row = ctx.row(++r);
         }
-        out.v[k] = from_acc<T>(grad_at(row, c, to_acc(x[u].v[k])));
+        out.v[k] = from_acc<T>(ctx.grad(row, c, to_acc(x[u].v[k])));
         ++c;
       }
       reinterpret_cast<V*>(grad)[v] = out;
@@ -324,7 +343,40 @@ __global__ void __launch_bounds__(256)
   }
   for (Index e = nvec * VEC + static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += stride) {
     const Index r = e / C;
-    grad[e] = from_acc<T>(grad_at(load_row(r), e - r * C, to_acc(a.logits[e])));
+    grad[e] = from_acc<T>(ctx.grad(ctx.row(r), e - r * C, to_acc(a.logits[e])));
+  }
+}
+
+// Backward for long rows whose length is a multiple of VEC (rows start aligned): a block walks one row at a time,
+// its threads striding over the row's vectors, kChunk in flight; no index division, row constants loaded once.
+template <typename T, typename A, int VEC>
+__global__ void __launch_bounds__(256)
+    cross_entropy_backward_rows_kernel(CrossEntropyArgs<T, A> a, const T* __restrict__ grad_loss,
+                                       const A* __restrict__ lse, const A* __restrict__ total_weight,
+                                       T* __restrict__ grad) {
+  using V = Vec<T, VEC>;
+  const BackwardContext<T, A> ctx(a, grad_loss, lse, total_weight);
+  const int64_t nvec = a.classes / VEC;
+  const int64_t step = blockDim.x;
+  for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
+    const BackwardRow<T, A> row = ctx.row(r);
+    const V* xr = reinterpret_cast<const V*>(a.logits + r * a.classes);
+    V* gr = reinterpret_cast<V*>(grad + r * a.classes);
+    auto emit = [&](const V& x, int64_t v) {
+      V out;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) out.v[k] = from_acc<T>(ctx.grad(row, v * VEC + k, to_acc(x.v[k])));
+      gr[v] = out;
+    };
+    int64_t v0 = threadIdx.x;
+    for (; v0 + (kChunk - 1) * step < nvec; v0 += kChunk * step) {
+      V x[kChunk];
+#pragma unroll
+      for (int u = 0; u < kChunk; ++u) x[u] = xr[v0 + u * step];
+#pragma unroll
+      for (int u = 0; u < kChunk; ++u) emit(x[u], v0 + u * step);
+    }
+    for (; v0 < nvec; v0 += step) emit(xr[v0], v0);
   }
 }
 
@@ -337,10 +389,13 @@ int forward_vec(const T* logits, int64_t classes) {
   return 1;
 }
 
-int threads_per_row(int64_t classes) {
+// Threads that share a row: 1, 4 or 32 (a warp) by the row's length, so that each thread reads a handful of
+// vectors or more. A whole block per row only when rows are long and too few to give every multiprocessor 16 warps:
+// a block reduction per row costs more than it saves when rows alone can fill the GPU.
+int threads_per_row(int64_t rows, int64_t classes) {
   if (classes <= 16) return 1;
   if (classes <= 128) return 4;
-  if (classes <= 2048) return 32;
+  if (classes <= 2048 || rows >= static_cast<int64_t>(sm_count()) * 16) return 32;
   return 0;  // a whole block
 }
 
@@ -348,7 +403,7 @@ int threads_per_row(int64_t classes) {
 // the GPU at once (at most 2048 / 256 blocks per multiprocessor); the block-per-row kernel runs many short waves
 // so that the last one is a small part of the whole.
 unsigned forward_grid_cap(int64_t rows, int64_t classes) {
-  const int g = threads_per_row(classes);
+  const int g = threads_per_row(rows, classes);
   if (g == 0) return grid_for(rows, 1, 32);
   return grid_for(rows, kForwardThreads / g, 2048 / kForwardThreads);
 }
@@ -364,7 +419,7 @@ template <typename T, typename A, int VEC>
 unsigned launch_forward_vec(const CrossEntropyArgs<T, A>& a, T* loss, A* lse, A* partials, cudaStream_t stream) {
   const unsigned cap = forward_grid_cap(a.rows, a.classes);
   unsigned grid = cap;
-  switch (threads_per_row(a.classes)) {
+  switch (threads_per_row(a.rows, a.classes)) {
     case 1:
       grid = group_grid<cross_entropy_forward_kernel<T, A, 1, VEC>>(a.rows, 1, cap);
       cross_entropy_forward_kernel<T, A, 1, VEC><<<grid, kForwardThreads, 0, stream>>>(a, loss, lse, partials);
@@ -418,6 +473,12 @@ cudaError_t cross_entropy_backward(const CrossEntropyArgs<T, A>& a, const T* gra
   constexpr int V = kVec16<T>;
   const bool vec = aligned_to(a.logits, 16) && aligned_to(grad_logits, 16);
   const bool small = n < (int64_t{1} << 31);
+  if (vec && a.classes % V == 0 && a.classes >= 1024) {
+    const unsigned grid = grid_for(a.rows, 1, 32);  // many short waves of rows
+    cross_entropy_backward_rows_kernel<T, A, V>
+        <<<grid, 256, 0, stream>>>(a, grad_loss, lse, total_weight, grad_logits);
+    return cudaGetLastError();
+  }
   const int64_t per_block = 256 * kChunk * (vec ? V : 1);
   if (vec && small) {
     cross_entropy_backward_kernel<T, A, V, uint32_t>
