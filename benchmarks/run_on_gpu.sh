@@ -10,6 +10,10 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-$(nproc)}
 stages=${*:-build test memcheck bench}
+# The extension must share the process's libstdc++ (as torch does). Some images put a GCC wrapper first (seen:
+# /opt/gcc/bin/g++ via $CXX on the device machines) that links libstdc++ statically into the module; formatting a
+# number into an error message then crashes. Build with the system compiler where there is one.
+if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ LDSHARED="/usr/bin/g++ -shared"; fi
 status=0
 
 has() { [[ " $stages " == *" $1 "* ]]; }

@@ -54,3 +54,18 @@ def test_cuda_code_is_built_where_nvcc_is_found():
     if os.environ.get("TORCHEXT_CUDA") == "0" or shutil.which("nvcc") is None:
         pytest.skip("CPU-only build requested or no nvcc")
     assert _loader.built_with_cuda(), "nvcc is on PATH but torchext was built without its CUDA kernels"
+
+
+def test_module_links_the_shared_libstdcxx():
+    """A module that carries its own static libstdc++ crashes when it formats a number into an error message
+    (seen with a GCC wrapper that adds -static-libstdc++). It must use the process's shared one, as torch does."""
+    if not sys.platform.startswith("linux") or shutil.which("ldd") is None:
+        pytest.skip("checked with ldd on Linux")
+    out = subprocess.run(["ldd", torchext._C.__file__], capture_output=True, text=True, timeout=60).stdout
+    assert "libstdc++.so" in out, f"{torchext._C.__file__} does not link libstdc++ dynamically:\n{out}"
+
+
+def test_error_messages_with_numbers():
+    """Errors whose messages hold sizes and counts come out as Python exceptions."""
+    with pytest.raises(ValueError, match=r"must have the same shape as `self` \[3\], got \[4\]"):
+        torch.ops.torchext.silu_backward(torch.ones(4), torch.ones(3))
