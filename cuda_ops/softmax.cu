@@ -149,12 +149,8 @@ __device__ __forceinline__ void tile_put(const T (&buf)[MAXC], acc_t<T>* dst, in
   }
 }
 
-// The forward in float for up to 12 columns asks for a full multiprocessor of threads (32 registers each, no
-// spills; wider rows would spill): each thread keeps only cols
-// elements in flight, so bandwidth needs every thread the SM can hold (48 registers gave 5 blocks of 256, and
-// 88% of copy bandwidth at 10 columns on an H200).
 template <typename T, int ROWS, int MAXC, bool BWD>
-__global__ void __launch_bounds__(ROWS, (BWD || sizeof(acc_t<T>) != 4 || MAXC > 12) ? 1 : 2048 / ROWS)
+__global__ void __launch_bounds__(ROWS)
     softmax_tile_kernel(const T* __restrict__ in0, const T* __restrict__ in1, T* __restrict__ out, int64_t rows,
                         int cols, uint32_t div_magic, bool log) {
   using A = acc_t<T>;
