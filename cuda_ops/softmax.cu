@@ -149,8 +149,11 @@ __device__ __forceinline__ void tile_put(const T (&buf)[MAXC], acc_t<T>* dst, in
   }
 }
 
+// The float forward for up to 12 columns asks for 6 resident blocks (at most 40 registers, no spills): each thread
+// has only cols elements in flight, so bandwidth needs many threads (Nsight Compute on an H200 at 10 columns: 48
+// registers, 5 blocks of 256, 77% of DRAM bandwidth, stalled on memory; 8 blocks spilled and ran slower).
 template <typename T, int ROWS, int MAXC, bool BWD>
-__global__ void __launch_bounds__(ROWS)
+__global__ void __launch_bounds__(ROWS, (BWD || sizeof(acc_t<T>) != 4 || MAXC > 12) ? 1 : 6)
     softmax_tile_kernel(const T* __restrict__ in0, const T* __restrict__ in1, T* __restrict__ out, int64_t rows,
                         int cols, uint32_t div_magic, bool log) {
   using A = acc_t<T>;
