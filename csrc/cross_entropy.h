@@ -35,4 +35,24 @@ inline void check_cross_entropy_args(const char* op, const at::Tensor& self, con
                     ": `label_smoothing` must be in [0, 1], got ", label_smoothing);
 }
 
+// Backward: the forward's checks, grad_output (N elements under 'none', one otherwise, self's dtype and device) and
+// the forward's saved lse and total_weight.
+inline void check_cross_entropy_backward_args(const char* op, const at::Tensor& grad_output, const at::Tensor& self,
+                                              const at::Tensor& target, const std::optional<at::Tensor>& weight,
+                                              double label_smoothing, Reduction red, const at::Tensor& lse,
+                                              const at::Tensor& total_weight) {
+  check_cross_entropy_args(op, self, target, weight, label_smoothing);
+  const int64_t N = self.size(0), expected = red == Reduction::None ? N : 1;
+  TORCH_CHECK_VALUE(grad_output.numel() == expected, op, ": `grad_output` must have ", expected,
+                    " elements, got shape ", grad_output.sizes());
+  check_same_device(op, self, "self", grad_output, "grad_output");
+  check_same_dtype(op, self, "self", grad_output, "grad_output");
+  const auto acc = cross_entropy_acc_dtype(self);
+  TORCH_CHECK_VALUE(lse.numel() == N && lse.scalar_type() == acc && total_weight.numel() == 1 &&
+                        total_weight.scalar_type() == acc,
+                    op, ": `lse` and `total_weight` must be the forward's outputs");
+  check_same_device(op, self, "self", lse, "lse");
+  check_same_device(op, self, "self", total_weight, "total_weight");
+}
+
 }  // namespace torchext

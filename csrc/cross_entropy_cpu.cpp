@@ -88,13 +88,10 @@ at::Tensor cross_entropy_backward_cpu(const at::Tensor& grad_output, const at::T
                                       const std::optional<at::Tensor>& weight, c10::string_view reduction,
                                       int64_t ignore_index, double label_smoothing, const at::Tensor& lse,
                                       const at::Tensor& total_weight) {
-  check_cross_entropy_args("torchext::cross_entropy_backward", self, target, weight, label_smoothing);
-  const Reduction red = parse_reduction("torchext::cross_entropy_backward", reduction);
+  constexpr const char* op = "torchext::cross_entropy_backward";
+  const Reduction red = parse_reduction(op, reduction);
+  check_cross_entropy_backward_args(op, grad_output, self, target, weight, label_smoothing, red, lse, total_weight);
   const int64_t N = self.size(0), C = self.size(1);
-  TORCH_CHECK_VALUE(grad_output.numel() == (red == Reduction::None ? N : 1),
-                    "torchext::cross_entropy_backward: `grad_output` must have ", red == Reduction::None ? N : 1,
-                    " elements, got shape ", grad_output.sizes());
-  check_same_dtype("torchext::cross_entropy_backward", self, "self", grad_output, "grad_output");
   const at::Tensor x = self.contiguous(), t = target.contiguous(), g = grad_output.contiguous();
   const at::Tensor w = weight.has_value() ? weight->contiguous() : at::Tensor();
   const at::Tensor lse_c = lse.to(self.scalar_type()).contiguous();

@@ -15,17 +15,6 @@ namespace {
 
 constexpr const char* kOp = "torchext::cross_entropy";
 
-cuda_ops::LossReduction to_cuda_reduction(Reduction r) {
-  switch (r) {
-    case Reduction::None:
-      return cuda_ops::LossReduction::None;
-    case Reduction::Mean:
-      return cuda_ops::LossReduction::Mean;
-    default:
-      return cuda_ops::LossReduction::Sum;
-  }
-}
-
 // Fills the kernel arguments; `weight_sum` holds sum(weight) when the kernels need it (weight and smoothing).
 template <typename scalar_t>
 auto make_args(const at::Tensor& x, const at::Tensor& t, const at::Tensor& w, const at::Tensor& weight_sum,
@@ -90,18 +79,10 @@ at::Tensor cross_entropy_backward_cuda(const at::Tensor& grad_output, const at::
                                        int64_t ignore_index, double label_smoothing, const at::Tensor& lse,
                                        const at::Tensor& total_weight) {
   constexpr const char* op = "torchext::cross_entropy_backward";
-  check_cross_entropy_args(op, self, target, weight, label_smoothing);
   const Reduction red = parse_reduction(op, reduction);
+  check_cross_entropy_backward_args(op, grad_output, self, target, weight, label_smoothing, red, lse, total_weight);
   const int64_t N = self.size(0), C = self.size(1);
-  TORCH_CHECK_VALUE(grad_output.numel() == (red == Reduction::None ? N : 1), op, ": `grad_output` must have ",
-                    red == Reduction::None ? N : 1, " elements, got shape ", grad_output.sizes());
-  check_same_device(op, self, "self", grad_output, "grad_output");
-  check_same_dtype(op, self, "self", grad_output, "grad_output");
   const auto acc = cross_entropy_acc_dtype(self);
-  TORCH_CHECK_VALUE(lse.numel() == N && lse.scalar_type() == acc && total_weight.scalar_type() == acc, op,
-                    ": `lse` and `total_weight` must be the forward's outputs");
-  check_same_device(op, self, "self", lse, "lse");
-  check_same_device(op, self, "self", total_weight, "total_weight");
   c10::cuda::CUDAGuard guard(self.device());
   const at::Tensor x = self.contiguous(), t = target.contiguous(), g = grad_output.contiguous();
   const at::Tensor l = lse.contiguous();

@@ -12,6 +12,9 @@
 
 #include <cstdlib>
 
+#include "checks.h"
+#include "loss_reduction.h"
+
 namespace torchext {
 
 // The CUDA type cuda_ops/ kernels are instantiated for, for each ATen scalar type (same bit layout).
@@ -37,6 +40,17 @@ const cuda_t<T>* cuda_ptr(const at::Tensor& t) {
 template <typename T>
 cuda_t<T>* cuda_mutable_ptr(at::Tensor& t) {
   return reinterpret_cast<cuda_t<T>*>(t.mutable_data_ptr<T>());
+}
+
+inline cuda_ops::LossReduction to_cuda_reduction(Reduction r) {
+  switch (r) {
+    case Reduction::None:
+      return cuda_ops::LossReduction::None;
+    case Reduction::Mean:
+      return cuda_ops::LossReduction::Mean;
+    default:
+      return cuda_ops::LossReduction::Sum;
+  }
 }
 
 inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }

@@ -1,5 +1,5 @@
 // CPU kernels for the losses (mse_loss, binary_cross_entropy_with_logits, multi_margin_loss), float32 and float64,
-// and the argument checks both backends share (namespace torchext::losses, declared again in losses_cuda.cpp).
+// and the argument checks both backends share (declared in csrc/losses.h).
 // The math is written out in cuda_ops/losses.cu's header comment. Elementwise parts are one at::parallel_for over
 // the flat data; reductions add fixed chunks in parallel and then the chunk sums in order, in double, so a result
 // does not depend on the number of threads.
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "losses.h"
 
 namespace torchext {
 namespace losses {
@@ -85,9 +86,10 @@ std::vector<int64_t> multi_margin_loss_shape(const at::Tensor& target, Reduction
   return {};
 }
 
-void report_bad_target(const char* op, int64_t row, int64_t value, int64_t cols) {
+[[noreturn]] void report_bad_target(const char* op, int64_t row, int64_t value, int64_t cols) {
   TORCH_CHECK_INDEX(false, op, ": `target` at row ", row, " is ", value, ", outside the valid class range [0, ", cols,
                     ")");
+  __builtin_unreachable();
 }
 
 }  // namespace losses

@@ -11,37 +11,10 @@
 #include "checks.h"
 #include "cuda_utils.h"
 #include "losses.cuh"
+#include "losses.h"
 
 namespace torchext {
-namespace losses {
-
-// Defined in losses_cpu.cpp, shared by both backends.
-void check_pointwise_args(const char* op, const at::Tensor& self, const at::Tensor& target);
-at::Tensor broadcast_operand(const char* op, const at::Tensor& self, const std::optional<at::Tensor>& operand,
-                             const char* name, int64_t* period);
-at::Tensor check_grad_output(const char* op, const at::Tensor& grad_output, const at::Tensor& self,
-                             at::IntArrayRef loss_shape, Reduction reduction);
-at::Tensor check_mse_weight(const char* op, const at::Tensor& self, const std::optional<at::Tensor>& weight);
-void check_multi_margin_args(const char* op, const at::Tensor& self, const at::Tensor& target, int64_t p,
-                             const std::optional<at::Tensor>& weight, int64_t* rows, int64_t* cols);
-std::vector<int64_t> multi_margin_loss_shape(const at::Tensor& target, Reduction reduction);
-void report_bad_target(const char* op, int64_t row, int64_t value, int64_t cols);
-
-}  // namespace losses
-
 namespace {
-
-cuda_ops::LossReduction to_cuda(Reduction r) {
-  switch (r) {
-    case Reduction::None:
-      return cuda_ops::LossReduction::None;
-    case Reduction::Mean:
-      return cuda_ops::LossReduction::Mean;
-    case Reduction::Sum:
-      return cuda_ops::LossReduction::Sum;
-  }
-  return cuda_ops::LossReduction::Mean;
-}
 
 // The loss tensor: input-shaped under 'none', 0-dim otherwise.
 at::Tensor loss_output(const at::Tensor& x, at::IntArrayRef none_shape, Reduction r) {
@@ -74,7 +47,7 @@ at::Tensor mse_loss_cuda(const at::Tensor& self, const at::Tensor& target, const
   at::Tensor ws = r == Reduction::None ? at::Tensor() : workspace_for(x);
   TORCHEXT_DISPATCH_CUDA_FLOATING(x.scalar_type(), "torchext_mse_loss_cuda", [&] {
     C10_CUDA_CHECK(cuda_ops::mse_loss_forward(cuda_ptr<scalar_t>(x), cuda_ptr<scalar_t>(y), optional_ptr<scalar_t>(w),
-                                              cuda_mutable_ptr<scalar_t>(out), x.numel(), to_cuda(r),
+                                              cuda_mutable_ptr<scalar_t>(out), x.numel(), to_cuda_reduction(r),
                                               ws.defined() ? ws.mutable_data_ptr() : nullptr, current_stream()));
   });
   return out;
@@ -94,7 +67,7 @@ at::Tensor mse_loss_backward_cuda(const at::Tensor& grad_output, const at::Tenso
   TORCHEXT_DISPATCH_CUDA_FLOATING(x.scalar_type(), "torchext_mse_loss_backward_cuda", [&] {
     C10_CUDA_CHECK(cuda_ops::mse_loss_backward(cuda_ptr<scalar_t>(g), cuda_ptr<scalar_t>(x), cuda_ptr<scalar_t>(y),
                                                optional_ptr<scalar_t>(w), cuda_mutable_ptr<scalar_t>(grad), x.numel(),
-                                               to_cuda(r), ws.defined() ? ws.mutable_data_ptr() : nullptr,
+                                               to_cuda_reduction(r), ws.defined() ? ws.mutable_data_ptr() : nullptr,
                                                current_stream()));
   });
   return grad;
@@ -117,7 +90,7 @@ at::Tensor binary_cross_entropy_with_logits_cuda(const at::Tensor& self, const a
   TORCHEXT_DISPATCH_CUDA_FLOATING(x.scalar_type(), "torchext_binary_cross_entropy_with_logits_cuda", [&] {
     C10_CUDA_CHECK(cuda_ops::binary_cross_entropy_with_logits_forward(
         cuda_ptr<scalar_t>(x), cuda_ptr<scalar_t>(y), operand<scalar_t>(w, w_period), operand<scalar_t>(pw, pw_period),
-        cuda_mutable_ptr<scalar_t>(out), x.numel(), to_cuda(r), ws.defined() ? ws.mutable_data_ptr() : nullptr,
+        cuda_mutable_ptr<scalar_t>(out), x.numel(), to_cuda_reduction(r), ws.defined() ? ws.mutable_data_ptr() : nullptr,
         current_stream()));
   });
   return out;
@@ -141,7 +114,7 @@ at::Tensor binary_cross_entropy_with_logits_backward_cuda(const at::Tensor& grad
   TORCHEXT_DISPATCH_CUDA_FLOATING(x.scalar_type(), "torchext_binary_cross_entropy_with_logits_backward_cuda", [&] {
     C10_CUDA_CHECK(cuda_ops::binary_cross_entropy_with_logits_backward(
         cuda_ptr<scalar_t>(g), cuda_ptr<scalar_t>(x), cuda_ptr<scalar_t>(y), operand<scalar_t>(w, w_period),
-        operand<scalar_t>(pw, pw_period), cuda_mutable_ptr<scalar_t>(grad), x.numel(), to_cuda(r), wrt_target,
+        operand<scalar_t>(pw, pw_period), cuda_mutable_ptr<scalar_t>(grad), x.numel(), to_cuda_reduction(r), wrt_target,
         current_stream()));
   });
   return grad;
@@ -170,7 +143,7 @@ at::Tensor multi_margin_loss_cuda(const at::Tensor& self, const at::Tensor& targ
   TORCHEXT_DISPATCH_CUDA_FLOATING(x.scalar_type(), "torchext_multi_margin_loss_cuda", [&] {
     C10_CUDA_CHECK(cuda_ops::multi_margin_loss_forward(
         cuda_ptr<scalar_t>(x), t.const_data_ptr<int64_t>(), optional_ptr<scalar_t>(w), cuda_mutable_ptr<scalar_t>(out),
-        rows, cols, static_cast<int>(p), margin, to_cuda(r), ws.defined() ? ws.mutable_data_ptr() : nullptr,
+        rows, cols, static_cast<int>(p), margin, to_cuda_reduction(r), ws.defined() ? ws.mutable_data_ptr() : nullptr,
         bad_row.mutable_data_ptr<int64_t>(), current_stream()));
   });
   if (rows > 0) check_bad_row(op, bad_row, t, rows, cols);
@@ -193,7 +166,7 @@ at::Tensor multi_margin_loss_backward_cuda(const at::Tensor& grad_output, const 
   TORCHEXT_DISPATCH_CUDA_FLOATING(x.scalar_type(), "torchext_multi_margin_loss_backward_cuda", [&] {
     C10_CUDA_CHECK(cuda_ops::multi_margin_loss_backward(
         cuda_ptr<scalar_t>(g), cuda_ptr<scalar_t>(x), t.const_data_ptr<int64_t>(), optional_ptr<scalar_t>(w),
-        cuda_mutable_ptr<scalar_t>(grad), rows, cols, static_cast<int>(p), margin, to_cuda(r),
+        cuda_mutable_ptr<scalar_t>(grad), rows, cols, static_cast<int>(p), margin, to_cuda_reduction(r),
         bad_row.mutable_data_ptr<int64_t>(), current_stream()));
   });
   if (rows > 0) check_bad_row(op, bad_row, t, rows, cols);

@@ -4,11 +4,11 @@
 
 #include <cuda_runtime.h>
 
+#include "loss_reduction.h"
+
 #include <cstdint>
 
 namespace torchext::cuda_ops {
-
-enum class LossReduction : int { None = 0, Mean = 1, Sum = 2 };
 
 // Arguments shared by forward and backward. logits is (rows, classes) row-major; target (rows,) int64; weight
 // (classes,) or null; weight_sum points to sum(weight) (acc type) when weight is given and label_smoothing > 0.

@@ -8,12 +8,12 @@
 
 #include <cuda_runtime.h>
 
+#include "loss_reduction.h"
+
 #include <cstddef>
 #include <cstdint>
 
 namespace torchext::cuda_ops {
-
-enum class LossReduction : int { None = 0, Mean = 1, Sum = 2 };
 
 // Device workspace the reducing launchers need, whatever the problem size.
 size_t loss_workspace_bytes();
