@@ -177,6 +177,19 @@ __device__ __forceinline__ A row_loss(const CrossEntropyArgs<T, A>& a, int64_t i
   return loss;
 }
 
+// Finishes row i: writes its lse (and its loss under 'none') and adds it to this thread's partial sums.
+template <typename T, typename A>
+__device__ __forceinline__ void finish_row(const CrossEntropyArgs<T, A>& a, int64_t i, const RowStats<A>& st, T* loss,
+                                           A* lse_out, A& loss_sum, A& weight_sum, A& bad_sum) {
+  A lse, w, bad;
+  const A li = row_loss(a, i, st, lse, w, bad);
+  lse_out[i] = lse;
+  if (a.reduction == LossReduction::None) loss[i] = from_acc<T>(li);
+  loss_sum += li;
+  weight_sum += w;
+  bad_sum += bad;
+}
+
 template <typename T, typename A>
 __device__ __forceinline__ void write_partials(A loss_sum, A weight_sum, A bad_sum, A* partials) {
   __shared__ A scratch[32];
@@ -217,15 +230,7 @@ __global__ void __launch_bounds__(kForwardThreads)
       st.lse.merge(om, os);
       st.wx += __shfl_xor_sync(0xffffffffu, st.wx, o, G);
     }
-    if (sub == 0 && i < a.rows) {
-      A lse, w, bad;
-      const A li = row_loss(a, i, st, lse, w, bad);
-      lse_out[i] = lse;
-      if (a.reduction == LossReduction::None) loss[i] = from_acc<T>(li);
-      loss_sum += li;
-      weight_sum += w;
-      bad_sum += bad;
-    }
+    if (sub == 0 && i < a.rows) finish_row(a, i, st, loss, lse_out, loss_sum, weight_sum, bad_sum);
   }
   write_partials<T, A>(loss_sum, weight_sum, bad_sum, partials);
 }
@@ -263,13 +268,7 @@ __global__ void __launch_bounds__(kBlockRowThreads)
         row.lse.merge(sm[k], ss[k]);
         row.wx += sw[k];
       }
-      A lse, w, bad;
-      const A li = row_loss(a, i, row, lse, w, bad);
-      lse_out[i] = lse;
-      if (a.reduction == LossReduction::None) loss[i] = from_acc<T>(li);
-      loss_sum += li;
-      weight_sum += w;
-      bad_sum += bad;
+      finish_row(a, i, row, loss, lse_out, loss_sum, weight_sum, bad_sum);
     }
   }
   write_partials<T, A>(loss_sum, weight_sum, bad_sum, partials);

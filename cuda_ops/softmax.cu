@@ -462,10 +462,8 @@ __global__ void __launch_bounds__(kTwoPassThreads)
     const Vt* p0 = reinterpret_cast<const Vt*>(in0 + row * cols);
     const Vt* p1 = reinterpret_cast<const Vt*>(in1 + row * cols);  // unused forward
     Vt* po = reinterpret_cast<Vt*>(out + row * cols);
-
-    A m = neg_inf<A>(), s = 0;
-    for (int64_t base = threadIdx.x; base < nvec; base += TH * U) {
-      Vt va[U], vb[U];
+    // U vectors per thread, TH apart, of x (forward) or g and y (backward): both passes read the row this way.
+    auto load_chunk = [&](int64_t base, Vt (&va)[U], Vt (&vb)[U]) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t i = base + int64_t{u} * TH;
@@ -474,6 +472,12 @@ __global__ void __launch_bounds__(kTwoPassThreads)
           if constexpr (BWD) vb[u] = p1[i];
         }
       }
+    };
+
+    A m = neg_inf<A>(), s = 0;
+    for (int64_t base = threadIdx.x; base < nvec; base += TH * U) {
+      Vt va[U], vb[U];
+      load_chunk(base, va, vb);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (base + int64_t{u} * TH < nvec) {
@@ -500,14 +504,7 @@ __global__ void __launch_bounds__(kTwoPassThreads)
 
     for (int64_t base = threadIdx.x; base < nvec; base += TH * U) {
       Vt va[U], vb[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t i = base + int64_t{u} * TH;
-        if (i < nvec) {
-          va[u] = p0[i];
-          if constexpr (BWD) vb[u] = p1[i];
-        }
-      }
+      load_chunk(base, va, vb);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t i = base + int64_t{u} * TH;
