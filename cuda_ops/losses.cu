@@ -17,13 +17,16 @@
 // w[i % period]; multi_margin_loss's x is (rows, cols) row-major, target (rows,), weight (cols,).
 //
 // Kernels (one version each):
-//   loss_map_kernel            out[i] = f(i), grid-stride over n: the 'none' forward and every elementwise backward
-//   loss_partial_sum_kernel    per-block sums of f(i) (and optionally of a second term, the weight) in A
+//   loss_map_kernel            out[i] = f(i, x[i], y[i]), grid-stride over n: the 'none' forward and every
+//                              elementwise backward; x, y and out move as 16-byte vectors when aligned
+//   loss_partial_sum_kernel    per-block sums of f (and optionally of a second term, the weight) in A
 //   loss_finalize_kernel       one block adds the partial sums in a fixed order, applies the mean's division
 //   multi_margin_loss_forward_kernel / _backward_kernel
 //                              one warp per row, the lanes striding over the classes; the forward either writes
 //                              each row's loss or feeds per-block partial sums to loss_finalize_kernel
-// Every load is a scalar load; these kernels are bound by memory traffic (2-4 reads and one write per element).
+// These kernels are bound by memory traffic (2-4 reads and one write per element): the two full-size streams
+// (input and target) and the output move as 16-byte vectors where aligned; weights, a broadcast pos_weight and
+// grad_output under 'none' are read by index, and multi_margin_loss's rows by one warp's scalar loads.
 #include "common.cuh"
 #include "losses.cuh"
 
@@ -79,29 +82,79 @@ struct NoTerm {
   static constexpr bool kActive = false;
 };
 
+// Also usable as a summed term on its own (f in loss_partial_sum_kernel): its one stream is the weight.
 template <typename T>
 struct WeightTerm {
   static constexpr bool kActive = true;
-  const T* w;
-  __device__ __forceinline__ acc_t<T> operator()(int64_t i) const { return load(w, i); }
+  const T* a;  // the weight
+  const T* b = nullptr;
+  __device__ __forceinline__ acc_t<T> operator()(int64_t i) const { return load(a, i); }
+  __device__ __forceinline__ acc_t<T> operator()(int64_t, acc_t<T> wi, acc_t<T>) const { return wi; }
 };
 
-template <typename T, typename F>
-__global__ void __launch_bounds__(kThreads) loss_map_kernel(T* __restrict__ out, int64_t n, F f) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    out[i] = from_acc<T>(f(i));
+// The functors f below read two full-size streams, f.a and f.b (f.b may be null), which the kernels load for
+// them, 16 bytes at a time where every stream and the output are aligned, and pass as f(i, a[i], b[i]); anything
+// else (a weight, a broadcast pos_weight, grad_output) the functor loads by index.
+template <typename T, int VEC>
+struct StreamValues {
+  acc_t<T> a[VEC], b[VEC];
+};
+
+template <typename T, int VEC, typename F>
+__device__ __forceinline__ StreamValues<T, VEC> load_streams(const F& f, int64_t v) {
+  StreamValues<T, VEC> s;
+  const Vec<T, VEC> va = reinterpret_cast<const Vec<T, VEC>*>(f.a)[v];
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) s.a[k] = to_acc(va.v[k]);
+  if (f.b != nullptr) {
+    const Vec<T, VEC> vb = reinterpret_cast<const Vec<T, VEC>*>(f.b)[v];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) s.b[k] = to_acc(vb.v[k]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) s.b[k] = acc_t<T>(0);
   }
+  return s;
 }
 
-// partials[b] = sum of f(i) over block b's share; partials[kMaxBlocks + b] = sum of g(i) when G is active.
-template <typename A, typename F, typename G>
+template <typename T, typename F>
+__device__ __forceinline__ acc_t<T> apply_at(const F& f, int64_t i) {
+  return f(i, load(f.a, i), f.b != nullptr ? load(f.b, i) : acc_t<T>(0));
+}
+
+template <typename T, int VEC, typename F>
+__global__ void __launch_bounds__(kThreads) loss_map_kernel(T* __restrict__ out, int64_t n, F f) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t nvec = n / VEC;
+  for (int64_t v = tid; v < nvec; v += stride) {
+    const StreamValues<T, VEC> s = load_streams<T, VEC>(f, v);
+    Vec<T, VEC> o;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) o.v[k] = from_acc<T>(f(v * VEC + k, s.a[k], s.b[k]));
+    reinterpret_cast<Vec<T, VEC>*>(out)[v] = o;
+  }
+  for (int64_t i = nvec * VEC + tid; i < n; i += stride) out[i] = from_acc<T>(apply_at<T>(f, i));
+}
+
+// partials[b] = sum of f over block b's share; partials[kMaxBlocks + b] = sum of g(i) when G is active.
+template <typename A, typename T, int VEC, typename F, typename G>
 __global__ void __launch_bounds__(kThreads) loss_partial_sum_kernel(A* __restrict__ partials, int64_t n, F f, G g) {
   __shared__ A scratch[32];
   A s = 0, d = 0;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    s += f(i);
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t nvec = n / VEC;
+  for (int64_t v = tid; v < nvec; v += stride) {
+    const StreamValues<T, VEC> sv = load_streams<T, VEC>(f, v);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      s += f(v * VEC + k, sv.a[k], sv.b[k]);
+      if constexpr (G::kActive) d += g(v * VEC + k);
+    }
+  }
+  for (int64_t i = nvec * VEC + tid; i < n; i += stride) {
+    s += apply_at<T>(f, i);
     if constexpr (G::kActive) d += g(i);
   }
   s = block_sum(s, scratch);
@@ -109,6 +162,32 @@ __global__ void __launch_bounds__(kThreads) loss_partial_sum_kernel(A* __restric
   if (threadIdx.x == 0) {
     partials[blockIdx.x] = s;
     if constexpr (G::kActive) partials[kMaxBlocks + blockIdx.x] = d;
+  }
+}
+
+// 16-byte vectors when f's streams and out (if any) allow them.
+template <typename T, typename F>
+bool can_vectorize(const F& f, const T* out) {
+  return aligned_to(f.a, 16) && (f.b == nullptr || aligned_to(f.b, 16)) && (out == nullptr || aligned_to(out, 16));
+}
+
+template <typename T, typename F>
+void launch_map(T* out, int64_t n, const F& f, cudaStream_t stream) {
+  constexpr int V = kVec16<T>;
+  if (can_vectorize(f, out)) {
+    loss_map_kernel<T, V><<<grid_for(n / V + 1, kThreads), kThreads, 0, stream>>>(out, n, f);
+  } else {
+    loss_map_kernel<T, 1><<<grid_for(n, kThreads), kThreads, 0, stream>>>(out, n, f);
+  }
+}
+
+template <typename T, typename F, typename G>
+void launch_partial_sums(acc_t<T>* partials, unsigned blocks, int64_t n, const F& f, const G& g, cudaStream_t stream) {
+  constexpr int V = kVec16<T>;
+  if (can_vectorize<T>(f, nullptr)) {
+    loss_partial_sum_kernel<acc_t<T>, T, V><<<blocks, kThreads, 0, stream>>>(partials, n, f, g);
+  } else {
+    loss_partial_sum_kernel<acc_t<T>, T, 1><<<blocks, kThreads, 0, stream>>>(partials, n, f, g);
   }
 }
 
@@ -146,55 +225,55 @@ cudaError_t launch_loss(T* out, int64_t n, LossReduction reduction, F f, G g, vo
   using A = acc_t<T>;
   if (reduction == LossReduction::None) {
     if (n == 0) return cudaSuccess;
-    loss_map_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(out, n, f);
+    launch_map(out, n, f, stream);
     return cudaGetLastError();
   }
   A* partials = static_cast<A*>(workspace);
   const unsigned blocks = reduce_grid(n);
   const bool mean = reduction == LossReduction::Mean;
   if (mean && G::kActive) {
-    loss_partial_sum_kernel<A><<<blocks, kThreads, 0, stream>>>(partials, n, f, g);
+    launch_partial_sums<T>(partials, blocks, n, f, g, stream);
   } else {
-    loss_partial_sum_kernel<A><<<blocks, kThreads, 0, stream>>>(partials, n, f, NoTerm{});
+    launch_partial_sums<T>(partials, blocks, n, f, NoTerm{}, stream);
   }
   const double divisor = mean ? static_cast<double>(n) : 1.0;
   loss_finalize_kernel<T><<<1, kThreads, 0, stream>>>(partials, blocks, mean && G::kActive, divisor, out, nullptr);
   return cudaGetLastError();
 }
 
+// Streams: a = input x, b = target y.
 template <typename T>
 struct MseLossForward {
-  const T* x;
-  const T* y;
+  const T* a;
+  const T* b;
   const T* w;
-  __device__ __forceinline__ acc_t<T> operator()(int64_t i) const {
-    const acc_t<T> d = load(x, i) - load(y, i);
+  __device__ __forceinline__ acc_t<T> operator()(int64_t i, acc_t<T> xi, acc_t<T> yi) const {
+    const acc_t<T> d = xi - yi;
     return w != nullptr ? load(w, i) * d * d : d * d;
   }
 };
 
 template <typename T>
 struct MseLossBackward {
+  const T* a;
+  const T* b;
   GradOutput<T> g;
-  const T* x;
-  const T* y;
   const T* w;
-  __device__ __forceinline__ acc_t<T> operator()(int64_t i) const {
+  __device__ __forceinline__ acc_t<T> operator()(int64_t i, acc_t<T> xi, acc_t<T> yi) const {
     using A = acc_t<T>;
-    const A d = A(2) * (load(x, i) - load(y, i));
+    const A d = A(2) * (xi - yi);
     return (w != nullptr ? load(w, i) * d : d) * g(i);
   }
 };
 
 template <typename T>
 struct BceWithLogitsForward {
-  const T* x;
-  const T* y;
+  const T* a;
+  const T* b;
   LossOperand<T> w;
   LossOperand<T> pw;
-  __device__ __forceinline__ acc_t<T> operator()(int64_t i) const {
+  __device__ __forceinline__ acc_t<T> operator()(int64_t i, acc_t<T> xi, acc_t<T> yi) const {
     using A = acc_t<T>;
-    const A xi = load(x, i), yi = load(y, i);
     const A lw = pw.data != nullptr ? A(1) + (load(pw, i) - A(1)) * yi : A(1);
     return load(w, i) * ((A(1) - yi) * xi + lw * softplus_neg(xi));
   }
@@ -202,15 +281,15 @@ struct BceWithLogitsForward {
 
 template <typename T>
 struct BceWithLogitsBackward {
+  const T* a;
+  const T* b;
   GradOutput<T> g;
-  const T* x;
-  const T* y;
   LossOperand<T> w;
   LossOperand<T> pw;
   bool wrt_target;
-  __device__ __forceinline__ acc_t<T> operator()(int64_t i) const {
+  __device__ __forceinline__ acc_t<T> operator()(int64_t i, acc_t<T> xi, acc_t<T> yi) const {
     using A = acc_t<T>;
-    const A xi = load(x, i), yi = load(y, i), pwi = load(pw, i);
+    const A pwi = load(pw, i);
     const A d = wrt_target ? (pwi - A(1)) * softplus_neg(xi) - xi : (A(1) + (pwi - A(1)) * yi) * sigmoid(xi) - pwi * yi;
     return load(w, i) * d * g(i);
   }
@@ -321,13 +400,13 @@ cudaError_t mse_loss_backward(const T* grad_output, const T* x, const T* y, cons
     A* partials = static_cast<A*>(workspace);
     A* denom = partials + 2 * kMaxBlocks;
     const unsigned blocks = reduce_grid(n);
-    loss_partial_sum_kernel<A><<<blocks, kThreads, 0, stream>>>(partials, n, WeightTerm<T>{w}, NoTerm{});
+    launch_partial_sums<T>(partials, blocks, n, WeightTerm<T>{w}, NoTerm{}, stream);
     loss_finalize_kernel<T><<<1, kThreads, 0, stream>>>(partials, blocks, false, 1.0, nullptr, denom);
     g.denom = denom;
   } else if (reduction == LossReduction::Mean) {
     g.scale = static_cast<A>(1.0 / static_cast<double>(n));
   }
-  loss_map_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(grad_x, n, MseLossBackward<T>{g, x, y, w});
+  launch_map(grad_x, n, MseLossBackward<T>{x, y, g, w}, stream);
   return cudaGetLastError();
 }
 
@@ -347,8 +426,7 @@ cudaError_t binary_cross_entropy_with_logits_backward(const T* grad_output, cons
   if (n == 0) return cudaSuccess;
   const A scale = reduction == LossReduction::Mean ? static_cast<A>(1.0 / static_cast<double>(n)) : A(1);
   const GradOutput<T> g{grad_output, reduction == LossReduction::None, scale, nullptr};
-  loss_map_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-      grad, n, BceWithLogitsBackward<T>{g, x, y, weight, pos_weight, wrt_target});
+  launch_map(grad, n, BceWithLogitsBackward<T>{x, y, g, weight, pos_weight, wrt_target}, stream);
   return cudaGetLastError();
 }
 
