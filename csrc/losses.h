@@ -20,6 +20,14 @@ void check_pointwise_args(const char* op, const at::Tensor& self, const at::Tens
 at::Tensor broadcast_operand(const char* op, const at::Tensor& self, const std::optional<at::Tensor>& operand,
                              const char* name, int64_t* period);
 
+// binary_cross_entropy_with_logits' operands, checked, in the kernels' broadcast form (see broadcast_operand).
+struct BceOperands {
+  at::Tensor weight, pos_weight;  // undefined when absent
+  int64_t weight_period = 1, pos_weight_period = 1;
+};
+BceOperands check_bce_args(const char* op, const at::Tensor& self, const at::Tensor& target,
+                           const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& pos_weight);
+
 // grad_output of a loss: the loss's shape under 'none', 0-dim otherwise; returned contiguous.
 at::Tensor check_grad_output(const char* op, const at::Tensor& grad_output, const at::Tensor& self,
                              at::IntArrayRef loss_shape, Reduction reduction);

@@ -40,6 +40,15 @@ at::Tensor broadcast_operand(const char* op, const at::Tensor& self, const std::
   return t.expand(self.sizes()).contiguous();
 }
 
+BceOperands check_bce_args(const char* op, const at::Tensor& self, const at::Tensor& target,
+                           const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& pos_weight) {
+  check_pointwise_args(op, self, target);
+  BceOperands o;
+  o.weight = broadcast_operand(op, self, weight, "weight", &o.weight_period);
+  o.pos_weight = broadcast_operand(op, self, pos_weight, "pos_weight", &o.pos_weight_period);
+  return o;
+}
+
 at::Tensor check_grad_output(const char* op, const at::Tensor& grad_output, const at::Tensor& self,
                              at::IntArrayRef loss_shape, Reduction reduction) {
   check_same_device(op, self, "self", grad_output, "grad_output");
@@ -215,21 +224,18 @@ at::Tensor binary_cross_entropy_with_logits_cpu(const at::Tensor& self, const at
                                                 c10::string_view reduction) {
   const char* op = "torchext::binary_cross_entropy_with_logits";
   const Reduction r = parse_reduction(op, reduction);
-  losses::check_pointwise_args(op, self, target);
-  int64_t w_period = 1, pw_period = 1;
-  const at::Tensor w = broadcast_operand(op, self, weight, "weight", &w_period);
-  const at::Tensor pw = broadcast_operand(op, self, pos_weight, "pos_weight", &pw_period);
+  const losses::BceOperands o = losses::check_bce_args(op, self, target, weight, pos_weight);
   const at::Tensor x = self.contiguous(), y = target.contiguous();
   at::Tensor out;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "torchext_binary_cross_entropy_with_logits_cpu", [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* yp = y.const_data_ptr<scalar_t>();
-    const scalar_t* wp = w.defined() ? w.const_data_ptr<scalar_t>() : nullptr;
-    const scalar_t* pwp = pw.defined() ? pw.const_data_ptr<scalar_t>() : nullptr;
+    const scalar_t* wp = o.weight.defined() ? o.weight.const_data_ptr<scalar_t>() : nullptr;
+    const scalar_t* pwp = o.pos_weight.defined() ? o.pos_weight.const_data_ptr<scalar_t>() : nullptr;
     out = pointwise_loss<scalar_t>(x, r, static_cast<double>(x.numel()), [=](int64_t i) {
       const scalar_t xi = xp[i], yi = yp[i];
-      const scalar_t lw = scalar_t(1) + (operand_at(pwp, pw_period, i) - scalar_t(1)) * yi;
-      return operand_at(wp, w_period, i) * ((scalar_t(1) - yi) * xi + lw * softplus_neg(xi));
+      const scalar_t lw = scalar_t(1) + (operand_at(pwp, o.pos_weight_period, i) - scalar_t(1)) * yi;
+      return operand_at(wp, o.weight_period, i) * ((scalar_t(1) - yi) * xi + lw * softplus_neg(xi));
     });
   });
   return out;
@@ -242,10 +248,7 @@ at::Tensor binary_cross_entropy_with_logits_backward_cpu(const at::Tensor& grad_
                                                          c10::string_view reduction, bool wrt_target) {
   const char* op = "torchext::binary_cross_entropy_with_logits_backward";
   const Reduction r = parse_reduction(op, reduction);
-  losses::check_pointwise_args(op, self, target);
-  int64_t w_period = 1, pw_period = 1;
-  const at::Tensor w = broadcast_operand(op, self, weight, "weight", &w_period);
-  const at::Tensor pw = broadcast_operand(op, self, pos_weight, "pos_weight", &pw_period);
+  const losses::BceOperands o = losses::check_bce_args(op, self, target, weight, pos_weight);
   const at::Tensor g = check_grad_output(op, grad_output, self, self.sizes(), r);
   const at::Tensor x = self.contiguous(), y = target.contiguous();
   const double scale = r == Reduction::Mean ? 1.0 / static_cast<double>(x.numel()) : 1.0;
@@ -253,14 +256,14 @@ at::Tensor binary_cross_entropy_with_logits_backward_cpu(const at::Tensor& grad_
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "torchext_binary_cross_entropy_with_logits_backward_cpu", [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* yp = y.const_data_ptr<scalar_t>();
-    const scalar_t* wp = w.defined() ? w.const_data_ptr<scalar_t>() : nullptr;
-    const scalar_t* pwp = pw.defined() ? pw.const_data_ptr<scalar_t>() : nullptr;
+    const scalar_t* wp = o.weight.defined() ? o.weight.const_data_ptr<scalar_t>() : nullptr;
+    const scalar_t* pwp = o.pos_weight.defined() ? o.pos_weight.const_data_ptr<scalar_t>() : nullptr;
     grad = pointwise_grad<scalar_t>(x, g, r, scale, [=](int64_t i) {
-      const scalar_t xi = xp[i], yi = yp[i], pwi = operand_at(pwp, pw_period, i);
+      const scalar_t xi = xp[i], yi = yp[i], pwi = operand_at(pwp, o.pos_weight_period, i);
       const scalar_t d = wrt_target
                              ? (pwi - scalar_t(1)) * softplus_neg(xi) - xi
                              : (scalar_t(1) + (pwi - scalar_t(1)) * yi) / (scalar_t(1) + std::exp(-xi)) - pwi * yi;
-      return operand_at(wp, w_period, i) * d;
+      return operand_at(wp, o.weight_period, i) * d;
     });
   });
   return grad;

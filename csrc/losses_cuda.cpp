@@ -79,17 +79,14 @@ at::Tensor binary_cross_entropy_with_logits_cuda(const at::Tensor& self, const a
                                                  c10::string_view reduction) {
   const char* op = "torchext::binary_cross_entropy_with_logits";
   const Reduction r = parse_reduction(op, reduction);
-  losses::check_pointwise_args(op, self, target);
+  const losses::BceOperands o = losses::check_bce_args(op, self, target, weight, pos_weight);
   c10::cuda::CUDAGuard guard(self.device());
-  int64_t w_period = 1, pw_period = 1;
-  const at::Tensor w = losses::broadcast_operand(op, self, weight, "weight", &w_period);
-  const at::Tensor pw = losses::broadcast_operand(op, self, pos_weight, "pos_weight", &pw_period);
   const at::Tensor x = self.contiguous(), y = target.contiguous();
   at::Tensor out = loss_output(x, x.sizes(), r);
   at::Tensor ws = r == Reduction::None ? at::Tensor() : workspace_for(x);
   TORCHEXT_DISPATCH_CUDA_FLOATING(x.scalar_type(), "torchext_binary_cross_entropy_with_logits_cuda", [&] {
     C10_CUDA_CHECK(cuda_ops::binary_cross_entropy_with_logits_forward(
-        cuda_ptr<scalar_t>(x), cuda_ptr<scalar_t>(y), operand<scalar_t>(w, w_period), operand<scalar_t>(pw, pw_period),
+        cuda_ptr<scalar_t>(x), cuda_ptr<scalar_t>(y), operand<scalar_t>(o.weight, o.weight_period), operand<scalar_t>(o.pos_weight, o.pos_weight_period),
         cuda_mutable_ptr<scalar_t>(out), x.numel(), to_cuda_reduction(r), ws.defined() ? ws.mutable_data_ptr() : nullptr,
         current_stream()));
   });
@@ -103,18 +100,15 @@ at::Tensor binary_cross_entropy_with_logits_backward_cuda(const at::Tensor& grad
                                                           c10::string_view reduction, bool wrt_target) {
   const char* op = "torchext::binary_cross_entropy_with_logits_backward";
   const Reduction r = parse_reduction(op, reduction);
-  losses::check_pointwise_args(op, self, target);
+  const losses::BceOperands o = losses::check_bce_args(op, self, target, weight, pos_weight);
   c10::cuda::CUDAGuard guard(self.device());
-  int64_t w_period = 1, pw_period = 1;
-  const at::Tensor w = losses::broadcast_operand(op, self, weight, "weight", &w_period);
-  const at::Tensor pw = losses::broadcast_operand(op, self, pos_weight, "pos_weight", &pw_period);
   const at::Tensor g = losses::check_grad_output(op, grad_output, self, self.sizes(), r);
   const at::Tensor x = self.contiguous(), y = target.contiguous();
   at::Tensor grad = at::empty(x.sizes(), x.options());
   TORCHEXT_DISPATCH_CUDA_FLOATING(x.scalar_type(), "torchext_binary_cross_entropy_with_logits_backward_cuda", [&] {
     C10_CUDA_CHECK(cuda_ops::binary_cross_entropy_with_logits_backward(
-        cuda_ptr<scalar_t>(g), cuda_ptr<scalar_t>(x), cuda_ptr<scalar_t>(y), operand<scalar_t>(w, w_period),
-        operand<scalar_t>(pw, pw_period), cuda_mutable_ptr<scalar_t>(grad), x.numel(), to_cuda_reduction(r), wrt_target,
+        cuda_ptr<scalar_t>(g), cuda_ptr<scalar_t>(x), cuda_ptr<scalar_t>(y), operand<scalar_t>(o.weight, o.weight_period),
+        operand<scalar_t>(o.pos_weight, o.pos_weight_period), cuda_mutable_ptr<scalar_t>(grad), x.numel(), to_cuda_reduction(r), wrt_target,
         current_stream()));
   });
   return grad;
