@@ -1,0 +1,101 @@
+// The GEMM engine: C = act(A B + bias), on raw pointers and a stream, no ATen.
+//
+//   A is (m, k), B is (k, n), C is (m, n), optionally batched: `batch` independent products, operand X of batch
+//   b starting at x + b * x_bs. A and B are read through two strides each (row stride, column stride), so a
+//   transposed or column-major operand is read in place and backward never materializes a transpose. C and the
+//   optional pre-activation output `aux` have column stride 1.
+//
+//   Epilogue, fused into every kernel, computed in the accumulation type:
+//       z = A B (+ bias[j], broadcast over rows)     stored to aux when aux != nullptr
+//       C = act(z)                                   act in {none, relu, gelu, gelu_tanh, silu}
+//
+// The ladder: one launcher (matmul) picks any of these versions; each file's opening comment says what its
+// versions add.
+//   cuda_ops/matmul_simt.cu    CUDA cores, every dtype:  v1 naive, v2 smem_tiled, v3 register_blocked,
+//                              v4 vectorized, v5 warp_tiled
+//   cuda_ops/matmul_mma.cu     tensor cores, mma.sync (sm_80+): bf16 / fp16, and tf32 for float inputs
+//   cuda_ops/matmul_wgmma.cu   tensor cores, Hopper wgmma + TMA (sm_90a): bf16 / fp16, and tf32 for float inputs
+//
+// T is float, double, __half or __nv_bfloat16. Accumulation is in float (double for double).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace torchext::cuda_ops {
+
+enum class MatmulKernel : int {
+  naive = 0,         // v1: one thread per output element, operands straight from global memory
+  smem_tiled,        // v2: square tiles of A and B staged through shared memory
+  register_blocked,  // v3: each thread computes a small tile of C in registers
+  vectorized,        // v4: 16-byte loads, transposed/padded shared memory, double buffering
+  warp_tiled,        // v5: warp-level tiling with tuned block shapes
+  mma_sync,          // tensor cores through mma.sync (sm_80+)
+  wgmma,             // tensor cores through wgmma + TMA (sm_90a)
+  count
+};
+
+// Name used by the op's `kernel=` argument and the benchmark ("naive", "smem_tiled", ...).
+const char* matmul_kernel_name(MatmulKernel kernel);
+
+enum class Activation : int { none = 0, relu, gelu, gelu_tanh, silu };
+
+template <typename T>
+struct MatmulArgs {
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  // Element (i, p) of A in batch b is a[b * a_bs + i * a_rs + p * a_cs]; likewise B (k x n). A batch stride of
+  // 0 broadcasts that operand over the batch.
+  const T* a = nullptr;
+  int64_t a_rs = 0, a_cs = 0, a_bs = 0;
+  const T* b = nullptr;
+  int64_t b_rs = 0, b_cs = 0, b_bs = 0;
+  // Element (i, j) of C in batch b is c[b * c_bs + i * c_rs + j].
+  T* c = nullptr;
+  int64_t c_rs = 0, c_bs = 0;
+  const T* bias = nullptr;  // n values added to every row, or nullptr
+  Activation act = Activation::none;
+  T* aux = nullptr;  // when set, z (before the activation) is stored here with C's strides
+  bool allow_tf32 = false;  // float only: tensor-core kernels may round A and B to tf32
+};
+
+// Whether `kernel` can run `args` on the current device: dtype, architecture, tf32 permission, and the
+// alignment and stride rules of its loads. `why`, when given, receives a short reason on false.
+template <typename T>
+bool matmul_supported(MatmulKernel kernel, const MatmulArgs<T>& args, const char** why = nullptr);
+
+// Runs one version on `stream`. Returns cudaErrorNotSupported when matmul_supported is false, else the launch's
+// error. m, n or k of 0 is valid (k == 0 gives C = act(bias or 0)).
+template <typename T>
+cudaError_t matmul(MatmulKernel kernel, const MatmulArgs<T>& args, cudaStream_t stream);
+
+// The fastest version that supports `args` on the current device.
+template <typename T>
+MatmulKernel matmul_default_kernel(const MatmulArgs<T>& args);
+
+// Per-family launchers behind matmul(). Each returns cudaErrorNotSupported for a version or argument set it
+// does not handle.
+template <typename T>
+cudaError_t matmul_simt(MatmulKernel kernel, const MatmulArgs<T>& args, cudaStream_t stream);
+template <typename T>
+bool matmul_simt_supported(MatmulKernel kernel, const MatmulArgs<T>& args, const char** why);
+template <typename T>
+cudaError_t matmul_mma_sync(const MatmulArgs<T>& args, cudaStream_t stream);
+template <typename T>
+bool matmul_mma_sync_supported(const MatmulArgs<T>& args, const char** why);
+template <typename T>
+cudaError_t matmul_wgmma(const MatmulArgs<T>& args, cudaStream_t stream);
+template <typename T>
+bool matmul_wgmma_supported(const MatmulArgs<T>& args, const char** why);
+
+// Linear backward's elementwise half, one pass over grad_out (m rows of n, row stride ld for all three):
+//   grad_z = grad_out * act'(saved)       saved = y for relu, z (aux) for gelu / gelu_tanh / silu
+//   grad_bias[j] = sum_i grad_z[i, j]    when grad_bias != nullptr (deterministic, fixed order)
+// For act == none grad_z may be nullptr (it equals grad_out) and only the bias gradient is computed.
+// `workspace` holds linear_backward_epilogue_workspace(m, n) floats (0 means none needed).
+template <typename T>
+cudaError_t linear_backward_epilogue(const T* grad_out, const T* saved, T* grad_z, T* grad_bias, int64_t m,
+                                     int64_t n, Activation act, void* workspace, cudaStream_t stream);
+size_t linear_backward_epilogue_workspace_bytes(int64_t m, int64_t n);
+
+}  // namespace torchext::cuda_ops
