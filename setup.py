@@ -3,7 +3,8 @@
 Environment variables (all optional):
   TORCHEXT_CUDA         1 forces a CUDA build, 0 forces a CPU-only build. Unset: CUDA build whenever nvcc /
                         CUDA_HOME is found, whether or not a GPU is visible.
-  TORCH_CUDA_ARCH_LIST  GPU architectures to compile for. Default "8.0;8.6;8.9;9.0+PTX".
+  TORCH_CUDA_ARCH_LIST  GPU architectures to compile for. Default "8.0;8.6;8.9;9.0+PTX". 9.0 is compiled as sm_90a
+                        (Hopper's arch-specific target, which wgmma and setmaxnreg need; it runs on H100/H200).
   MAX_JOBS              parallel compile jobs for ninja.
   DEBUG                 1 builds with -O0 -g (and -lineinfo for CUDA).
   TORCHEXT_PY_LIMITED_API  1 builds the module against Python's limited API (one binary for every CPython
@@ -69,6 +70,29 @@ def nvidia_wheel_include_dirs():
     return dirs
 
 
+def cuda_arch_flags(arch_list: str):
+    """-gencode flags for TORCH_CUDA_ARCH_LIST ("8.0;8.6;9.0+PTX"). torch's own translation would build 9.0 as
+    plain sm_90; we build it as sm_90a so the wgmma kernel (cuda_ops/matmul_wgmma.cu) exists. Passing our own
+    flags makes torch.utils.cpp_extension add none of its own. Returns (flags, has_sm90a)."""
+    flags, has_sm90a = [], False
+    for entry in arch_list.replace(",", ";").replace(" ", ";").split(";"):
+        if not entry:
+            continue
+        arch, ptx = (entry[: -len("+PTX")], True) if entry.endswith("+PTX") else (entry, False)
+        num = arch.replace(".", "")
+        if not num.rstrip("a").isdigit():
+            raise SystemExit(f"TORCH_CUDA_ARCH_LIST: expected entries like 8.0 or 9.0+PTX, got {entry!r}")
+        if num in ("90", "90a"):
+            flags.append("-gencode=arch=compute_90a,code=sm_90a")
+            has_sm90a = True
+            num = "90"
+        else:
+            flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+        if ptx:
+            flags.append(f"-gencode=arch=compute_{num},code=compute_{num}")
+    return flags, has_sm90a
+
+
 def write_build_info(with_cuda: bool) -> None:
     """Records what this build was made against, so that importing it under another torch fails clearly."""
     path = os.path.join(ROOT, "torchext", "_build_info.py")
@@ -113,6 +137,8 @@ def make_extension():
         "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
         "-U__CUDA_NO_HALF2_OPERATORS__",
     ]
+    arch_flags, has_sm90a = cuda_arch_flags(os.environ["TORCH_CUDA_ARCH_LIST"])
+    nvcc_flags += arch_flags + (["-DTORCHEXT_BUILT_SM90A"] if has_sm90a else [])
     if debug:
         nvcc_flags.append("-lineinfo")
     # Searched after every other include directory, so they never shadow the toolkit's own headers.

@@ -1,0 +1,267 @@
+// Standalone check and timing of the tensor-core matmul kernels against cuBLAS, without torch: compiles in seconds
+// on the GPU machine, so a kernel can be iterated on without rebuilding the extension.
+//
+//   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -DTORCHEXT_BUILT_SM90A -gencode=arch=compute_90a,code=sm_90a \
+//        -I cuda_ops benchmarks/matmul_check.cu cuda_ops/matmul_wgmma.cu cuda_ops/common.cu -lcublas -o matmul_check
+//   ./matmul_check [--quick]
+//
+// For every case: relative Frobenius error of the kernel and of cuBLAS (same dtype) against a float64 cuBLAS
+// product of the same inputs, a check that every output element was written (outputs are poisoned with NaN
+// first), and for the large cases the median time of both over 20 runs (CUDA events, fresh inputs, warm-up).
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "matmul.cuh"
+
+using namespace torchext::cuda_ops;
+
+#define CHECK_CUDA(x)                                                                               \
+  do {                                                                                              \
+    cudaError_t e_ = (x);                                                                           \
+    if (e_ != cudaSuccess) {                                                                        \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));      \
+      std::exit(1);                                                                                 \
+    }                                                                                               \
+  } while (0)
+#define CHECK_CUBLAS(x)                                                                  \
+  do {                                                                                   \
+    cublasStatus_t s_ = (x);                                                             \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                   \
+      std::fprintf(stderr, "%s:%d %s: cublas status %d\n", __FILE__, __LINE__, #x, int(s_)); \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+__device__ inline float hash_uniform(uint64_t i, uint64_t seed) {
+  uint64_t x = i * 0x9E3779B97F4A7C15ull + seed * 0xD1B54A32D192ED03ull;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return float(x >> 40) / float(1ull << 24) * 2.f - 1.f;
+}
+
+template <typename T>
+__global__ void fill_kernel(T* x, double* x64, int64_t n, uint64_t seed, bool integers) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float u = hash_uniform(i, seed);
+    if (integers) u = rintf(u * 3.f);
+    const T v = T(u);
+    x[i] = v;
+    if (x64) x64[i] = double(float(v));
+  }
+}
+
+template <typename T>
+__global__ void error_kernel(const T* c, int64_t c_rs, const double* ref, int64_t m, int64_t n, int64_t batch,
+                             double* acc /* [err2, ref2, unwritten] */) {
+  double e2 = 0, r2 = 0, bad = 0;
+  const int64_t total = m * n * batch;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t b = i / (m * n), r = (i / n) % m, col = i % n;
+    const double v = double(float(c[b * m * c_rs + r * c_rs + col]));
+    const double w = ref[i];
+    if (std::isnan(v)) bad += 1;
+    e2 += (v - w) * (v - w);
+    r2 += w * w;
+  }
+  atomicAdd(&acc[0], e2);
+  atomicAdd(&acc[1], r2);
+  atomicAdd(&acc[2], bad);
+}
+
+template <typename T>
+cudaDataType cuda_type() {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return CUDA_R_16BF;
+  if constexpr (std::is_same_v<T, __half>) return CUDA_R_16F;
+  return CUDA_R_32F;
+}
+
+struct Case {
+  const char* dtype;
+  int64_t m, n, k, batch;
+  bool a_kmajor, b_kmajor, b_broadcast;
+  bool timed;
+  bool bias_relu;
+};
+
+// Operands stored densely with leading dimensions padded to 8 elements (16 bytes) so TMA can read them.
+static int64_t pad8(int64_t x) { return (x + 7) / 8 * 8; }
+
+template <typename T>
+void run_case(cublasHandle_t h, const Case& cs, bool integers) {
+  const int64_t m = cs.m, n = cs.n, k = cs.k, batch = cs.batch;
+  // A (m, k): K-major -> row-major with ld pad8(k); M-major -> column-major with ld pad8(m).
+  const int64_t a_ld = cs.a_kmajor ? pad8(k) : pad8(m);
+  const int64_t a_size = cs.a_kmajor ? m * a_ld : k * a_ld;
+  const int64_t b_ld = cs.b_kmajor ? pad8(k) : pad8(n);
+  const int64_t b_size = cs.b_kmajor ? n * b_ld : k * b_ld;
+  const int64_t b_batches = cs.b_broadcast ? 1 : batch;
+  const int64_t c_ld = n;
+  T *a, *b, *c, *cb;
+  double *a64, *b64, *ref, *acc;
+  T* bias = nullptr;
+  CHECK_CUDA(cudaMalloc(&a, a_size * batch * sizeof(T)));
+  CHECK_CUDA(cudaMalloc(&b, b_size * b_batches * sizeof(T)));
+  CHECK_CUDA(cudaMalloc(&c, m * c_ld * batch * sizeof(T)));
+  CHECK_CUDA(cudaMalloc(&cb, m * c_ld * batch * sizeof(T)));
+  CHECK_CUDA(cudaMalloc(&a64, a_size * batch * sizeof(double)));
+  CHECK_CUDA(cudaMalloc(&b64, b_size * b_batches * sizeof(double)));
+  CHECK_CUDA(cudaMalloc(&ref, m * n * batch * sizeof(double)));
+  CHECK_CUDA(cudaMalloc(&acc, 3 * sizeof(double)));
+  fill_kernel<<<1024, 256>>>(a, a64, a_size * batch, 1, integers);
+  fill_kernel<<<1024, 256>>>(b, b64, b_size * b_batches, 2, integers);
+  CHECK_CUDA(cudaGetLastError());
+
+  MatmulArgs<T> p;
+  p.m = m, p.n = n, p.k = k, p.batch = batch;
+  p.a = a, p.a_rs = cs.a_kmajor ? a_ld : 1, p.a_cs = cs.a_kmajor ? 1 : a_ld, p.a_bs = a_size;
+  p.b = b, p.b_rs = cs.b_kmajor ? 1 : b_ld, p.b_cs = cs.b_kmajor ? b_ld : 1, p.b_bs = cs.b_broadcast ? 0 : b_size;
+  p.c = c, p.c_rs = c_ld, p.c_bs = m * c_ld;
+  p.allow_tf32 = true;
+  if (cs.bias_relu) {
+    CHECK_CUDA(cudaMalloc(&bias, n * sizeof(T)));
+    fill_kernel<<<64, 256>>>(bias, (double*)nullptr, n, 3, integers);
+    p.bias = bias;
+    p.act = Activation::relu;
+  }
+
+  // float64 reference, per batch: column-major view C^T (n x m) = B^T A^T.
+  const cublasOperation_t op_b = cs.b_kmajor ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = cs.a_kmajor ? CUBLAS_OP_N : CUBLAS_OP_T;
+  const double one = 1, zero = 0;
+  for (int64_t bi = 0; bi < batch; ++bi) {
+    CHECK_CUBLAS(cublasDgemm(h, op_b, op_a, n, m, k, &one, b64 + (cs.b_broadcast ? 0 : bi * b_size), b_ld,
+                             a64 + bi * a_size, a_ld, &zero, ref + bi * m * n, n));
+  }
+  if (cs.bias_relu) {
+    // ref = relu(ref + bias), on the host (small cases only).
+    std::vector<double> r(m * n * batch);
+    std::vector<T> hb(n);
+    CHECK_CUDA(cudaMemcpy(r.data(), ref, r.size() * 8, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(hb.data(), bias, n * sizeof(T), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < r.size(); ++i) r[i] = std::max(0.0, r[i] + double(float(hb[i % n])));
+    CHECK_CUDA(cudaMemcpy(ref, r.data(), r.size() * 8, cudaMemcpyHostToDevice));
+  }
+
+  auto measure_error = [&](const T* out, double* rel, double* unwritten) {
+    CHECK_CUDA(cudaMemset(acc, 0, 3 * sizeof(double)));
+    error_kernel<<<1024, 256>>>(out, c_ld, ref, m, n, batch, acc);
+    double h_acc[3];
+    CHECK_CUDA(cudaMemcpy(h_acc, acc, sizeof(h_acc), cudaMemcpyDeviceToHost));
+    *rel = std::sqrt(h_acc[0] / std::max(h_acc[1], 1e-300));
+    *unwritten = h_acc[2];
+  };
+
+  CHECK_CUDA(cudaMemset(c, 0xFF, m * c_ld * batch * sizeof(T)));  // NaN in every float type
+  const char* why = nullptr;
+  if (!matmul_wgmma_supported(p, &why)) {
+    std::printf("%-5s %5ld x %5ld x %5ld b%ld A%s B%s: unsupported: %s\n", cs.dtype, long(m), long(n), long(k),
+                long(batch), cs.a_kmajor ? "k" : "m", cs.b_kmajor ? "k" : "n", why);
+    return;
+  }
+  CHECK_CUDA(matmul_wgmma(p, 0));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  double err, bad;
+  measure_error(c, &err, &bad);
+
+  // cuBLAS in the same dtype (no epilogue: compare its error only on plain products).
+  const float onef = 1, zerof = 0;
+  const cublasComputeType_t ct =
+      std::is_same_v<T, float> ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  auto cublas_run = [&]() {
+    for (int64_t bi = 0; bi < batch; ++bi) {
+      CHECK_CUBLAS(cublasGemmEx(h, op_b, op_a, n, m, k, &onef, b + (cs.b_broadcast ? 0 : bi * b_size), cuda_type<T>(),
+                                b_ld, a + bi * a_size, cuda_type<T>(), a_ld, &zerof, cb + bi * m * c_ld,
+                                cuda_type<T>(), c_ld, ct, CUBLAS_GEMM_DEFAULT));
+    }
+  };
+  double err_cublas = NAN, bad_cublas = 0;
+  if (!cs.bias_relu) {
+    cublas_run();
+    CHECK_CUDA(cudaDeviceSynchronize());
+    measure_error(cb, &err_cublas, &bad_cublas);
+  }
+  std::printf("%-5s %5ld x %5ld x %5ld b%ld A%s B%s%s: err %.3e (cuBLAS %.3e) unwritten/NaN %.0f  %s\n", cs.dtype,
+              long(m), long(n), long(k), long(batch), cs.a_kmajor ? "k" : "m", cs.b_kmajor ? "k" : "n",
+              cs.bias_relu ? " +bias+relu" : "", err, err_cublas, bad,
+              (bad == 0 && (integers ? err <= err_cublas : (cs.bias_relu || err <= 2 * err_cublas + 1e-7))) ? "ok" : "FAIL");
+
+  if (cs.timed) {
+    cudaEvent_t e0, e1;
+    CHECK_CUDA(cudaEventCreate(&e0));
+    CHECK_CUDA(cudaEventCreate(&e1));
+    auto time_it = [&](auto&& fn) {
+      std::vector<float> ms;
+      for (int i = 0; i < 3; ++i) fn();
+      for (int i = 0; i < 20; ++i) {
+        CHECK_CUDA(cudaEventRecord(e0));
+        fn();
+        CHECK_CUDA(cudaEventRecord(e1));
+        CHECK_CUDA(cudaEventSynchronize(e1));
+        float t;
+        CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+        ms.push_back(t);
+      }
+      std::sort(ms.begin(), ms.end());
+      return ms[ms.size() / 2];
+    };
+    // Alternate the two so clock drift hits both.
+    float t_ours = 0, t_cublas = 0;
+    for (int round = 0; round < 2; ++round) {
+      t_ours += time_it([&] { CHECK_CUDA(matmul_wgmma(p, 0)); });
+      t_cublas += time_it(cublas_run);
+    }
+    const double flop = 2.0 * m * n * k * batch;
+    std::printf("      time: wgmma %.3f ms %.1f TFLOP/s | cuBLAS %.3f ms %.1f TFLOP/s | ratio %.3f\n", t_ours / 2,
+                flop / (t_ours / 2 * 1e9), t_cublas / 2, flop / (t_cublas / 2 * 1e9), t_cublas / t_ours);
+  }
+  cudaFree(a), cudaFree(b), cudaFree(c), cudaFree(cb), cudaFree(a64), cudaFree(b64), cudaFree(ref), cudaFree(acc);
+  if (bias) cudaFree(bias);
+}
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const bool profile = argc > 1 && std::strcmp(argv[1], "--profile") == 0;  // one bf16 4096^3 product, for ncu
+  cublasHandle_t h;
+  CHECK_CUBLAS(cublasCreate(&h));
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("%s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  std::vector<Case> cases;
+  for (const char* dt : {"bf16", "fp16", "tf32"}) {
+    const bool tf32 = std::strcmp(dt, "tf32") == 0;
+    for (int lay = 0; lay < 4; ++lay) {
+      const bool ak = lay & 1, bk = lay & 2;
+      if (tf32 && !(ak && bk)) continue;
+      cases.push_back({dt, 7, 13, 5, 1, ak, bk, false, false, false});
+      cases.push_back({dt, 1023, 1025, 17, 1, ak, bk, false, false, false});
+      cases.push_back({dt, 300, 520, 1000, 3, ak, bk, false, false, false});
+      cases.push_back({dt, 300, 520, 1000, 3, ak, bk, true, false, false});
+      cases.push_back({dt, 129, 257, 72, 1, ak, bk, false, false, true});
+      cases.push_back({dt, 4096, 4096, 4096, 1, ak, bk, false, !quick || (ak && !bk), false});
+      if (!quick && ak && !bk) cases.push_back({dt, 8192, 8192, 8192, 1, ak, bk, false, true, false});
+      if (!quick && ak && bk) cases.push_back({dt, 8192, 4096, 4096, 1, ak, bk, false, true, false});
+    }
+  }
+  if (profile) cases = {{"bf16", 4096, 4096, 4096, 1, true, false, false, false, false}};
+  for (const Case& cs : cases) {
+    const bool integers = cs.m < 4096 && !cs.bias_relu;  // small integer values: exact in float accumulation
+    if (std::strcmp(cs.dtype, "bf16") == 0) run_case<__nv_bfloat16>(h, cs, false);
+    if (std::strcmp(cs.dtype, "fp16") == 0) run_case<__half>(h, cs, false);
+    if (std::strcmp(cs.dtype, "tf32") == 0) run_case<float>(h, cs, false);
+    if (integers && std::strcmp(cs.dtype, "bf16") == 0) run_case<__nv_bfloat16>(h, cs, true);
+  }
+  cublasDestroy(h);
+  return 0;
+}

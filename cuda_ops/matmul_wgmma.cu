@@ -1,0 +1,564 @@
+// Tensor-core GEMM for Hopper: wgmma fed by the bulk tensor copy engine (TMA), the top of the matmul ladder.
+//
+//   C (m, n) = act(A (m, k) B (k, n) + bias), batched; see cuda_ops/matmul.cuh for the arguments.
+//   bf16 / fp16 inputs (A and B each K-major or M/N-major), and tf32 for float inputs when the caller allows it
+//   (K-major A and B only: wgmma reads 32-bit operands K-major only). Accumulation in float.
+//
+// What this version adds over mma.sync (cuda_ops/matmul_mma.cu):
+//   - wgmma: one instruction multiplies a 64 x 256 x 16 block for a whole warpgroup (4 warps), reading A and B
+//     straight from shared memory through descriptors; no ldmatrix, no register staging of operands.
+//   - TMA: one thread issues each tile copy; the copy engine computes the addresses, zero-fills what lies outside
+//     the matrix (so any m, n, k works without predicated loads) and writes the 128-byte-swizzled layout that
+//     wgmma reads without bank conflicts. Completion is counted in bytes on an mbarrier.
+//   - Warp specialization: warpgroup 0 only issues copies (it gives most of its registers back with
+//     setmaxnreg); warpgroups 1 and 2 each own 64 rows of the 128 x 256 tile and 128 float accumulators per
+//     thread. A 4-stage ring of shared-memory buffers with "full" and "empty" barriers lets copies run ahead of
+//     the math.
+//   - Persistent grid: one block per multiprocessor walks the tiles, in groups of 8 tile-rows for L2 reuse; the
+//     producer prefetches the next tile while the consumers run the epilogue of the current one.
+//
+// Shapes per block: tile 128 (m) x 256 (n), k step 128 bytes (64 halves or 32 floats) per stage, 48 KiB per
+// stage. Built only for sm_90a (wgmma and setmaxnreg are Hopper-specific); elsewhere the kernel body is empty and
+// matmul_wgmma_supported() says no.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <cstring>
+#include <mutex>
+
+#include "matmul.cuh"
+#include "matmul_epilogue.cuh"
+
+namespace torchext::cuda_ops {
+namespace {
+
+constexpr int kBM = 128;                     // rows of C per tile: two consumer warpgroups of 64
+constexpr int kBN = 256;                     // columns of C per tile: the n of one wgmma
+constexpr int kRowBytes = 128;               // bytes of k per stage and row: one 128-byte swizzle span
+constexpr int kStages = 4;
+constexpr int kTileBytesA = kBM * kRowBytes;  // 16 KiB
+constexpr int kTileBytesB = kBN * kRowBytes;  // 32 KiB
+constexpr int kStageBytes = kTileBytesA + kTileBytesB;
+constexpr int kChunkBytes = 64 * kRowBytes;  // one 64-wide M- or N-major box of 16-bit values: 8 KiB
+constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment slack */ + 2 * kStages * 8 /* barriers */;
+constexpr int kThreads = 384;                // producer warpgroup + two consumer warpgroups
+constexpr int kConsumers = 2;
+constexpr int kGroupM = 8;                   // tile-rows walked together for L2 reuse
+
+template <typename T>
+constexpr int kBK = kRowBytes / sizeof(T);   // k per stage: 64 for 16-bit types, 32 for tf32
+
+// ---------------------------------------------------------------------------------------------------------------
+// PTX wrappers. Only compiled into the sm_90a image.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TORCHEXT_WGMMA_DEVICE 1
+#endif
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+#if defined(TORCHEXT_WGMMA_DEVICE)
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
+// Arrive once and announce `bytes` of copies that will complete on this barrier.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// Waits until the phase with the given parity has completed. A fresh barrier counts its (virtual) previous
+// phase, parity 1, as complete, so a producer's first wait on an "empty" barrier returns at once.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  const uint32_t addr = smem_addr(bar);
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  }
+}
+
+// 3-D tile copy global -> shared, completing `box bytes` on `bar`. Coordinates are in elements, innermost first.
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
+                                            int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+      "[%2];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// Shared-memory matrix descriptor for a 128-byte-swizzled operand (PTX ISA, "Matrix Descriptor Format"):
+// start address, leading-dimension byte offset, stride-dimension byte offset, all >> 4; swizzle mode 1 = 128B.
+//   K-major:     rows of 128 bytes along k; 8-row groups `sbo` = 1024 bytes apart; lbo unused.
+//   M/N-major:   rows of 128 bytes (64 values along m or n) per k; 8-k-row groups `sbo` = 1024 apart; 64-wide
+//                groups along m or n `lbo` apart.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
+         (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// Keeps the compiler from moving accumulator reads or writes across wgmma's asynchronous accesses.
+__device__ __forceinline__ void fence_accumulators(float (&d)[128]) {
+#pragma unroll
+  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define TORCHEXT_WGMMA_N256_D_REGS \
+  "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63," \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79," \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95," \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111," \
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
+  "}"
+
+#define TORCHEXT_WGMMA_N256_D_OPERANDS(d) \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+  "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+  "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+  "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+  "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+  "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+  "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+  "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+  "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
+  "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+
+// D (64 x 256, float, 128 registers per thread) += A (64 x k) B (k x 256), one instruction per warpgroup.
+template <typename T, bool kTransA, bool kTransB>
+struct Wgmma;
+
+template <bool kTransA, bool kTransB>
+struct Wgmma<__nv_bfloat16, kTransA, kTransB> {
+  static constexpr int kK = 16;
+  __device__ __forceinline__ static void run(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " TORCHEXT_WGMMA_N256_D_REGS
+        ", %128, %129, p, 1, 1, %130, %131;\n"
+        "}\n"
+        : TORCHEXT_WGMMA_N256_D_OPERANDS(d)
+        : "l"(desc_a), "l"(desc_b), "n"(int(kTransA)), "n"(int(kTransB)));
+  }
+};
+
+template <bool kTransA, bool kTransB>
+struct Wgmma<__half, kTransA, kTransB> {
+  static constexpr int kK = 16;
+  __device__ __forceinline__ static void run(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 " TORCHEXT_WGMMA_N256_D_REGS
+        ", %128, %129, p, 1, 1, %130, %131;\n"
+        "}\n"
+        : TORCHEXT_WGMMA_N256_D_OPERANDS(d)
+        : "l"(desc_a), "l"(desc_b), "n"(int(kTransA)), "n"(int(kTransB)));
+  }
+};
+
+// tf32: the tensor cores read the top 19 bits of each float. K-major operands only.
+template <>
+struct Wgmma<float, false, false> {
+  static constexpr int kK = 8;
+  __device__ __forceinline__ static void run(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 " TORCHEXT_WGMMA_N256_D_REGS
+        ", %128, %129, p, 1, 1;\n"
+        "}\n"
+        : TORCHEXT_WGMMA_N256_D_OPERANDS(d)
+        : "l"(desc_a), "l"(desc_b));
+  }
+};
+
+#endif  // TORCHEXT_WGMMA_DEVICE
+
+// Which tile of which batch the t-th work item is: tiles walk kGroupM tile-rows at a time, column by column, so
+// the blocks running together share rows of A and columns of B in L2.
+struct TileCoord {
+  int b, tm, tn;
+};
+__device__ __forceinline__ TileCoord tile_coord(int t, int tiles_m, int tiles_n) {
+  const int per_batch = tiles_m * tiles_n;
+  const int b = t / per_batch, r = t % per_batch;
+  const int group = kGroupM * tiles_n;
+  const int first_m = (r / group) * kGroupM;
+  const int rows = min(tiles_m - first_m, kGroupM);
+  const int in_group = r % group;
+  return {b, first_m + in_group % rows, in_group / rows};
+}
+
+// What the epilogue needs, small enough to pass in registers to the out-of-line store below.
+template <typename T>
+struct EpilogueParams {
+  T* c;
+  T* aux;
+  const T* bias;
+  int64_t c_rs, c_bs, m, n;
+  Activation act;
+  bool pair_aligned;  // C (and aux) rows and pointers allow 2-element vector stores
+};
+
+// Stores output columns j and j + 1 of row i through the shared epilogue (bias, activation, aux). Out of line on
+// purpose: inlined into the 64 unrolled stores per thread, the activation math made the kernel half a megabyte
+// of code, and ncu showed warps stalled on instruction fetch half the time.
+template <typename T>
+__device__ __noinline__ void store_pair_full(EpilogueParams<T> e, int64_t b, int64_t i, int64_t j, float v0, float v1) {
+  if (i >= e.m || j >= e.n) return;
+  const bool both = j + 1 < e.n;
+  float z0 = v0, z1 = v1;
+  if (e.bias != nullptr) {
+    z0 += static_cast<float>(e.bias[j]);
+    if (both) z1 += static_cast<float>(e.bias[j + 1]);
+  }
+  const int64_t off = b * e.c_bs + i * e.c_rs + j;
+  const float y0 = apply_activation(z0, e.act), y1 = apply_activation(z1, e.act);
+  if (e.pair_aligned && both) {
+    if (e.aux != nullptr) *reinterpret_cast<Vec<T, 2>*>(e.aux + off) = Vec<T, 2>{{T(z0), T(z1)}};
+    *reinterpret_cast<Vec<T, 2>*>(e.c + off) = Vec<T, 2>{{T(y0), T(y1)}};
+  } else {
+    if (e.aux != nullptr) e.aux[off] = T(z0);
+    e.c[off] = T(y0);
+    if (both) {
+      if (e.aux != nullptr) e.aux[off + 1] = T(z1);
+      e.c[off + 1] = T(y1);
+    }
+  }
+}
+
+// The plain product (no bias, activation or aux): inline, a bounds check and one store.
+template <typename T>
+__device__ __forceinline__ void store_pair(const EpilogueParams<T>& e, bool plain, int64_t b, int64_t i, int64_t j,
+                                           float v0, float v1) {
+  if (plain && e.pair_aligned && i < e.m && j + 1 < e.n) {
+    *reinterpret_cast<Vec<T, 2>*>(e.c + b * e.c_bs + i * e.c_rs + j) = Vec<T, 2>{{T(v0), T(v1)}};
+  } else {
+    store_pair_full(e, b, i, j, v0, v1);
+  }
+}
+
+// A K-major: smem A tile is 128 rows (m) of 128 bytes (k). A M-major: two 64-wide chunks, each 64 k-rows of 64 m.
+// B likewise with 256 rows (n) or four 64-wide chunks.
+template <typename T, bool kAKMajor, bool kBKMajor>
+__global__ void __launch_bounds__(kThreads, 1)
+    matmul_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                        const MatmulArgs<T> p, int tiles_m, int tiles_n, int k_tiles, int a_batched, int b_batched,
+                        int pair_aligned) {
+#if defined(TORCHEXT_WGMMA_DEVICE)
+  extern __shared__ uint8_t smem_raw[];
+  // 128-byte swizzling repeats every 1024 bytes and is computed from the address: stage buffers start on 1024.
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
+  uint64_t* empty = full + kStages;
+  const int warpgroup = threadIdx.x / 128;
+  const int tid = threadIdx.x % 128;
+  const int total_tiles = tiles_m * tiles_n * static_cast<int>(p.batch);
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);                  // the producer's arrive; the bytes come from the copies
+      mbar_init(&empty[s], kConsumers * 4);    // one arrive per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    // Producer: one thread issues every copy.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (tid == 0) {
+      int it = 0;
+      for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+        const TileCoord tc = tile_coord(t, tiles_m, tiles_n);
+        const int ba = a_batched ? tc.b : 0, bb = b_batched ? tc.b : 0;
+        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+          const int s = it % kStages;
+          mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);
+          mbar_arrive_expect_tx(&full[s], kStageBytes);
+          uint8_t* sa = smem + s * kStageBytes;
+          uint8_t* sb = sa + kTileBytesA;
+          const int k0 = kt * kBK<T>;
+          if constexpr (kAKMajor) {
+            tma_load_3d(sa, &map_a, &full[s], k0, tc.tm * kBM, ba);
+          } else {
+#pragma unroll
+            for (int c = 0; c < kBM / 64; ++c) tma_load_3d(sa + c * kChunkBytes, &map_a, &full[s], tc.tm * kBM + c * 64, k0, ba);
+          }
+          if constexpr (kBKMajor) {
+            tma_load_3d(sb, &map_b, &full[s], k0, tc.tn * kBN, bb);
+          } else {
+#pragma unroll
+            for (int c = 0; c < kBN / 64; ++c) tma_load_3d(sb + c * kChunkBytes, &map_b, &full[s], tc.tn * kBN + c * 64, k0, bb);
+          }
+        }
+      }
+    }
+  } else {
+    // Consumers: warpgroup 1 computes rows 0-63 of the tile, warpgroup 2 rows 64-127.
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int consumer = warpgroup - 1;
+    const int warp = tid / 32, lane = tid % 32;
+    using Mma = Wgmma<T, !kAKMajor, !kBKMajor>;
+    const EpilogueParams<T> epi{p.c, p.aux, p.bias, p.c_rs, p.c_bs, p.m, p.n, p.act, pair_aligned != 0};
+    const bool plain = p.bias == nullptr && p.aux == nullptr && p.act == Activation::none;
+    constexpr int kSteps = kBK<T> / Mma::kK;  // wgmmas per stage: 4
+    float d[128];
+    int it = 0;
+    for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+      const TileCoord tc = tile_coord(t, tiles_m, tiles_n);
+#pragma unroll
+      for (int i = 0; i < 128; ++i) d[i] = 0.f;
+      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+        const int s = it % kStages;
+        mbar_wait(&full[s], (it / kStages) & 1);
+        const uint32_t sa = smem_addr(smem + s * kStageBytes);
+        const uint32_t sb = sa + kTileBytesA;
+        wgmma_fence();
+#pragma unroll
+        for (int step = 0; step < kSteps; ++step) {
+          uint64_t da, db;
+          if constexpr (kAKMajor) {
+            da = smem_desc(sa + consumer * 64 * kRowBytes + step * Mma::kK * int(sizeof(T)), 16, 1024);
+          } else {
+            da = smem_desc(sa + consumer * kChunkBytes + step * Mma::kK * kRowBytes, kChunkBytes, 1024);
+          }
+          if constexpr (kBKMajor) {
+            db = smem_desc(sb + step * Mma::kK * int(sizeof(T)), 16, 1024);
+          } else {
+            db = smem_desc(sb + step * Mma::kK * kRowBytes, kChunkBytes, 1024);
+          }
+          Mma::run(d, da, db);
+        }
+        wgmma_commit();
+        // Keep this stage's wgmmas in flight; the previous stage's are done, so its buffers go back.
+        wgmma_wait<1>();
+        if (kt > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
+      }
+      wgmma_wait<0>();
+      if (k_tiles > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
+      fence_accumulators(d);
+
+      // Accumulator layout of m64nNk16: warp w holds rows 16w + lane/4 and 16w + lane/4 + 8; register 4j + e
+      // holds column 8j + 2 (lane % 4) + (e & 1), the second row for e >= 2.
+      const int64_t row = int64_t(tc.tm) * kBM + consumer * 64 + warp * 16 + lane / 4;
+      const int64_t col0 = int64_t(tc.tn) * kBN + 2 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < kBN / 8; ++j) {
+        store_pair(epi, plain, tc.b, row, col0 + 8 * j, d[4 * j], d[4 * j + 1]);
+        store_pair(epi, plain, tc.b, row + 8, col0 + 8 * j, d[4 * j + 2], d[4 * j + 3]);
+      }
+    }
+  }
+#endif  // TORCHEXT_WGMMA_DEVICE
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Host side.
+
+int device_capability() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return 0;
+  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return 0;
+  return major * 10 + minor;
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess) {
+      ptr = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }();
+  return fn;
+}
+
+template <typename T>
+CUtensorMapDataType tma_dtype() {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  if constexpr (std::is_same_v<T, __half>) return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  // float is loaded as TFLOAT32: the copy engine rounds each value to tf32 (to nearest) on its way to shared
+  // memory. Loaded as FLOAT32, the tensor cores would truncate instead, with measured errors 2.6x cuBLAS's.
+  return CU_TENSOR_MAP_DATA_TYPE_TFLOAT32;
+}
+
+// How one operand is read: `major` is the dimension with unit stride ("inner", TMA's dimension 0), `lead` the
+// element stride of the other one. X is (rows, cols) = A (m, k) or B^T (n, k), so K-major means cols are inner.
+struct OperandPlan {
+  bool k_major = true;
+  int64_t lead = 0;   // stride between k rows (M/N-major) or m/n rows (K-major), in elements
+  bool ok = false;
+};
+
+// rows x cols operand with strides rs (between rows) and cs (between cols); cols is k.
+inline OperandPlan plan_operand(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  OperandPlan o;
+  if (cs == 1 || cols <= 1) {  // K-major: each row's k values contiguous
+    o.k_major = true;
+    o.lead = rows <= 1 ? 0 : rs;
+    o.ok = true;
+  } else if (rs == 1 || rows <= 1) {  // M/N-major
+    o.k_major = false;
+    o.lead = cols <= 1 ? 0 : cs;
+    o.ok = true;
+  }
+  return o;
+}
+
+template <typename T>
+bool check_args(const MatmulArgs<T>& a, OperandPlan& pa, OperandPlan& pb, const char** why) {
+  auto fail = [&](const char* msg) {
+    if (why) *why = msg;
+    return false;
+  };
+  if constexpr (std::is_same_v<T, double>) {
+    return fail("wgmma has no float64 form");
+  } else {
+#if !defined(TORCHEXT_BUILT_SM90A)
+    return fail("this build has no sm_90a code (build with 9.0 in TORCH_CUDA_ARCH_LIST)");
+#endif
+    if (device_capability() != 90) return fail("wgmma needs an sm_90 GPU (H100 / H200)");
+    if (encode_tiled_fn() == nullptr) return fail("the driver has no cuTensorMapEncodeTiled");
+    if (std::is_same_v<T, float> && !a.allow_tf32) return fail("float32 inputs need tf32 to be allowed");
+    if (a.k == 0) return fail("k == 0");
+    const int64_t limit = int64_t(1) << 31;
+    if (a.m >= limit || a.n >= limit || a.k >= limit || a.batch >= limit) return fail("a dimension is >= 2^31");
+    pa = plan_operand(a.m, a.k, a.a_rs, a.a_cs);
+    // B is (k, n); as an operand it is B^T = (n, k) with row stride b_cs and column stride b_rs.
+    pb = plan_operand(a.n, a.k, a.b_cs, a.b_rs);
+    if (!pa.ok || !pb.ok) return fail("an operand has no unit stride (TMA reads a contiguous inner dimension)");
+    if (std::is_same_v<T, float> && (!pa.k_major || !pb.k_major))
+      return fail("tf32 wgmma reads K-major operands only (A row-major, B column-major)");
+    constexpr int64_t s = sizeof(T);
+    auto aligned = [&](const void* ptr, int64_t lead, int64_t bs, bool batched) {
+      return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && (lead * s) % 16 == 0 && (!batched || (bs * s) % 16 == 0) &&
+             lead * s < (int64_t(1) << 40) && bs * s < (int64_t(1) << 40);
+    };
+    if (!aligned(a.a, pa.lead, a.a_bs, a.a_bs != 0 && a.batch > 1) ||
+        !aligned(a.b, pb.lead, a.b_bs, a.b_bs != 0 && a.batch > 1))
+      return fail("TMA needs 16-byte aligned operands and strides");
+    return true;
+  }
+}
+
+// A 3-D map (inner, outer, batch) over one operand, read in boxes of (box_inner, box_outer) with 128-byte
+// swizzling; the box's inner extent is always 128 bytes.
+template <typename T>
+cudaError_t make_map(CUtensorMap* map, const T* base, int64_t inner, int64_t outer, int64_t batch, int64_t outer_stride,
+                     int64_t batch_stride, int box_outer) {
+  constexpr int64_t s = sizeof(T);
+  const int64_t os = outer_stride > 0 ? outer_stride * s : 16;
+  cuuint64_t dims[3] = {cuuint64_t(inner), cuuint64_t(outer), cuuint64_t(batch)};
+  cuuint64_t strides[2] = {cuuint64_t(os), cuuint64_t(batch > 1 ? batch_stride * s : os)};
+  cuuint32_t box[3] = {cuuint32_t(kRowBytes / s), cuuint32_t(box_outer), 1};
+  cuuint32_t elem_strides[3] = {1, 1, 1};
+  CUresult r = encode_tiled_fn()(map, tma_dtype<T>(), 3, const_cast<T*>(base), dims, strides, box, elem_strides,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <typename T, bool kAKMajor, bool kBKMajor>
+cudaError_t launch(const MatmulArgs<T>& a, const OperandPlan& pa, const OperandPlan& pb, cudaStream_t stream) {
+  constexpr int bk = kBK<T>;
+  const bool a_batched = a.a_bs != 0 && a.batch > 1, b_batched = a.b_bs != 0 && a.batch > 1;
+  CUtensorMap map_a, map_b;
+  std::memset(&map_a, 0, sizeof(map_a));
+  std::memset(&map_b, 0, sizeof(map_b));
+  cudaError_t err;
+  // A K-major: inner k, outer m, box (bk, 128). M-major: inner m, outer k, box (64, bk).
+  err = kAKMajor ? make_map(&map_a, a.a, a.k, a.m, a_batched ? a.batch : 1, pa.lead, a.a_bs, kBM)
+                 : make_map(&map_a, a.a, a.m, a.k, a_batched ? a.batch : 1, pa.lead, a.a_bs, bk);
+  if (err != cudaSuccess) return err;
+  err = kBKMajor ? make_map(&map_b, a.b, a.k, a.n, b_batched ? a.batch : 1, pb.lead, a.b_bs, kBN)
+                 : make_map(&map_b, a.b, a.n, a.k, b_batched ? a.batch : 1, pb.lead, a.b_bs, bk);
+  if (err != cudaSuccess) return err;
+
+  auto kernel = matmul_wgmma_kernel<T, kAKMajor, kBKMajor>;
+  static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (attr != cudaSuccess) return attr;
+  const int tiles_m = int((a.m + kBM - 1) / kBM), tiles_n = int((a.n + kBN - 1) / kBN);
+  const int k_tiles = int((a.k + bk - 1) / bk);
+  const int64_t total = int64_t(tiles_m) * tiles_n * a.batch;
+  if (total >= (int64_t(1) << 31)) return cudaErrorNotSupported;
+  const int grid = int(std::min<int64_t>(total, sm_count()));
+  const bool pair_aligned = a.c_rs % 2 == 0 && a.c_bs % 2 == 0 && reinterpret_cast<uintptr_t>(a.c) % (2 * sizeof(T)) == 0 &&
+                            (a.aux == nullptr || reinterpret_cast<uintptr_t>(a.aux) % (2 * sizeof(T)) == 0);
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, a, tiles_m, tiles_n, k_tiles, a_batched, b_batched,
+                                                 pair_aligned);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+template <typename T>
+bool matmul_wgmma_supported(const MatmulArgs<T>& args, const char** why) {
+  OperandPlan pa, pb;
+  return check_args(args, pa, pb, why);
+}
+
+template <typename T>
+cudaError_t matmul_wgmma(const MatmulArgs<T>& args, cudaStream_t stream) {
+  OperandPlan pa, pb;
+  if (!check_args(args, pa, pb, nullptr)) return cudaErrorNotSupported;
+  if (args.m == 0 || args.n == 0 || args.batch == 0) return cudaSuccess;
+  if constexpr (std::is_same_v<T, double>) {
+    return cudaErrorNotSupported;
+  } else if constexpr (std::is_same_v<T, float>) {
+    return launch<T, true, true>(args, pa, pb, stream);
+  } else {
+    if (pa.k_major) return pb.k_major ? launch<T, true, true>(args, pa, pb, stream) : launch<T, true, false>(args, pa, pb, stream);
+    return pb.k_major ? launch<T, false, true>(args, pa, pb, stream) : launch<T, false, false>(args, pa, pb, stream);
+  }
+}
+
+#define TORCHEXT_INSTANTIATE_WGMMA(T)                                                        \
+  template bool matmul_wgmma_supported<T>(const MatmulArgs<T>&, const char**);              \
+  template cudaError_t matmul_wgmma<T>(const MatmulArgs<T>&, cudaStream_t);
+TORCHEXT_INSTANTIATE_WGMMA(float)
+TORCHEXT_INSTANTIATE_WGMMA(double)
+TORCHEXT_INSTANTIATE_WGMMA(__half)
+TORCHEXT_INSTANTIATE_WGMMA(__nv_bfloat16)
+#undef TORCHEXT_INSTANTIATE_WGMMA
+
+}  // namespace torchext::cuda_ops
