@@ -202,7 +202,7 @@ class Runner:
                 continue
             try:
                 chosen = torch.ops.torchext.matmul_kernel(a, b, kn)
-            except RuntimeError as e:
+            except (RuntimeError, NotImplementedError, ValueError) as e:  # TORCH_CHECK raises RuntimeError
                 self.unsupported("matmul", provider, layout, shape, label, str(e).splitlines()[0])
                 continue
             if kn is None:
@@ -233,7 +233,11 @@ class Runner:
         g = torch.randn(M, N, dtype=dtype, device=self.device)
         providers = [("torch", lin, lambda: TORCH_ACT[act](lin(x)))]
         if torchext is not None and hasattr(torchext.nn, "Linear"):
-            te = torchext.nn.Linear.from_torch(lin, activation=act)
+            if hasattr(torchext.nn.Linear, "from_torch"):
+                te = torchext.nn.Linear.from_torch(lin, activation=act)
+            else:
+                te = torchext.nn.Linear(K, N, bias=True, device=self.device, dtype=dtype, activation=act)
+                te.load_state_dict(lin.state_dict())
             providers.insert(0, ("torchext", te, lambda: te(x)))
         else:
             self.unsupported(op, "torchext", "fwd+bwd", shape, label, TORCHEXT_ERROR or "no torchext.nn.Linear")
