@@ -72,6 +72,34 @@ def time_fn(fn, device: str, warmup: int = 5, reps: int = 30, flush_l2: bool = T
     return _quantiles([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
 
 
+def time_once(fn, device: str, flush_l2: bool = True):
+    """One call of fn() timed like time_fn (L2 flushed first), no warm-up: (microseconds, fn's result). A
+    budgeted benchmark runs it first, as its warm-up and to size the repeats (budget_reps)."""
+    if device == "cpu":
+        t0 = time.perf_counter()
+        out = fn()
+        return (time.perf_counter() - t0) * 1e6, out
+    torch.cuda.synchronize()
+    if flush_l2:
+        torch.empty(256 * 1024 * 1024, dtype=torch.int8, device=device).zero_()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    out = fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3, out
+
+
+def budget_reps(est_us: float, seconds: float, min_reps: int = 5, max_reps: int = 30, slow_s: float = 0.2):
+    """(warmup, reps) for time_fn so that the repeats take about `seconds`, at least min_reps, at most max_reps; a
+    call slower than slow_s gets no more warm-up and 2 repeats (the least that gives quantiles)."""
+    if est_us > slow_s * 1e6:
+        return 0, 2
+    reps = int(seconds * 1e6 / max(est_us, 1.0))
+    reps = max(min_reps, min(max_reps, reps))
+    return (2 if est_us * 2 < seconds * 1e6 / 4 else 0), reps
+
+
 def device_time_fn(fn, device: str, warmup: int = 3, reps: int = 10) -> Timing:
     """GPU time of fn(): the summed duration of the kernels and copies it puts on the device, read from the
     profiler, one profiling session per repeat (L2 flushed before each, outside the session). Unlike time_fn this

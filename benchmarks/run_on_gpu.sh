@@ -2,7 +2,9 @@
 # One call on a GPU machine: build torchext for the local torch, run the whole test suite (GPU tests included),
 # run the GPU tests again under compute-sanitizer memcheck, and run the op benchmark. Everything lands in $OUT.
 #
-#   OUT=out bash benchmarks/run_on_gpu.sh [build] [test] [memcheck] [bench]     (default: all four)
+#   OUT=out bash benchmarks/run_on_gpu.sh [build] [test] [memcheck] [bench] [matmul]   (default: the first four)
+#
+# matmul runs benchmarks/bench_matmul.py (ladder, Linear, CPU GEMM; ~2 min on an H200, MATMUL_ARGS=--quick ~1 min).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -59,5 +61,13 @@ if has bench; then
   python benchmarks/bench_ops.py --out "$OUT/ops_gpu.csv" > "$OUT/ops_gpu.md" 2> "$OUT/bench.err" || status=1
   tail -5 "$OUT/bench.err"
   cat "$OUT/ops_gpu.md"
+fi
+if has matmul; then
+  echo "== matmul benchmark"
+  # shellcheck disable=SC2086
+  python benchmarks/bench_matmul.py ${MATMUL_ARGS:-} --out "$OUT/matmul_gpu.csv" > "$OUT/matmul_gpu.md" \
+    2> "$OUT/bench_matmul.err" || status=1
+  tail -5 "$OUT/bench_matmul.err"
+  cat "$OUT/matmul_gpu.md"
 fi
 exit $status
