@@ -30,14 +30,14 @@ inline MatmulActivation parse_activation(std::string_view op, std::string_view n
   if (name == "gelu") return MatmulActivation::gelu;
   if (name == "gelu_tanh") return MatmulActivation::gelu_tanh;
   if (name == "silu") return MatmulActivation::silu;
-  TORCH_CHECK_VALUE(false, op, ": `activation` must be one of 'none', 'relu', 'gelu', 'gelu_tanh', 'silu', got '",
-                    name, "'");
+  TORCH_CHECK_VALUE(false, op, ": `activation` must be one of 'none', 'relu', 'gelu', 'gelu_tanh', 'silu', got '", name,
+                    "'");
 }
 
 // The CUDA ladder's kernel names (cuda_ops::matmul_kernel_name, in cuda_ops::MatmulKernel's order), for messages
 // on either backend.
-inline constexpr const char* kCudaMatmulKernelNames[] = {"naive",      "smem_tiled", "register_blocked", "vectorized",
-                                                         "warp_tiled", "mma_sync",   "wgmma"};
+inline constexpr const char* kCudaMatmulKernelNames[] = {
+    "naive", "smem_tiled", "register_blocked", "vectorized", "warp_tiled", "mma_sync", "wgmma"};
 
 inline std::string cuda_matmul_kernel_list() {
   std::string out;
@@ -212,8 +212,8 @@ inline void check_matmul_args(std::string_view op, const at::Tensor& a, const at
                     "-D (use torch.matmul for products with vectors)");
   TORCH_CHECK_VALUE(b.dim() >= 2, op, ": `b` must have at least 2 dimensions (K, N) or (*, K, N), got ", b.dim(),
                     "-D (use torch.matmul for products with vectors)");
-  TORCH_CHECK_VALUE(b.size(-2) == a.size(-1), op, ": `b` must have ", a.size(-1), " rows to match `a`'s ",
-                    a.size(-1), " columns, got ", b.size(-2), " (a is ", a.sizes(), ", b is ", b.sizes(), ")");
+  TORCH_CHECK_VALUE(b.size(-2) == a.size(-1), op, ": `b` must have ", a.size(-1), " rows to match `a`'s ", a.size(-1),
+                    " columns, got ", b.size(-2), " (a is ", a.sizes(), ", b is ", b.sizes(), ")");
 }
 
 // torchext::linear's checks: input (*, K), weight (N, K), bias (N).

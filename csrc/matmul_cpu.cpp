@@ -77,8 +77,7 @@ struct GemmArgs {
 // values per p, the packed B micro-panel NR values per p. VB is the vector width in bytes; the MR x NR / lanes
 // accumulators stay in registers.
 template <typename T, int MR, int NR, int VB>
-TORCHEXT_ALWAYS_INLINE void micro_kernel(int64_t kc, const T* __restrict a, const T* __restrict b,
-                                         T* __restrict tile) {
+TORCHEXT_ALWAYS_INLINE void micro_kernel(int64_t kc, const T* __restrict a, const T* __restrict b, T* __restrict tile) {
 #if TORCHEXT_GEMM_VECTOR_EXT
   constexpr int kLanes = VB / static_cast<int>(sizeof(T));
   constexpr int kVecs = NR / kLanes;
@@ -131,7 +130,9 @@ __attribute__((target("avx2,fma"))) void micro_avx2_f64(int64_t kc, const double
   micro_kernel<double, 6, 8, 32>(kc, a, b, t);
 }
 #endif
-void micro_generic_f32(int64_t kc, const float* a, const float* b, float* t) { micro_kernel<float, 4, 8, 16>(kc, a, b, t); }
+void micro_generic_f32(int64_t kc, const float* a, const float* b, float* t) {
+  micro_kernel<float, 4, 8, 16>(kc, a, b, t);
+}
 void micro_generic_f64(int64_t kc, const double* a, const double* b, double* t) {
   micro_kernel<double, 4, 4, 16>(kc, a, b, t);
 }
@@ -261,8 +262,8 @@ void activate_row(T* out, const T* z, int64_t n, MatmulActivation act) {
 // Stores the micro-kernel's tile (mr x nr of it) into C at c (row stride ldc): written on the first K block, added
 // on later ones. On the last K block: z = sum + bias[j], aux = z when aux is set, C = act(z).
 template <typename T, int MR, int NR>
-void store_tile(const T* tile, int64_t mr, int64_t nr, bool first, bool last, T* c, int64_t ldc, T* aux,
-                const T* bias, MatmulActivation act) {
+void store_tile(const T* tile, int64_t mr, int64_t nr, bool first, bool last, T* c, int64_t ldc, T* aux, const T* bias,
+                MatmulActivation act) {
   if (!last && mr == MR && nr == NR) {
     for (int i = 0; i < MR; ++i) {
       T* crow = c + i * ldc;
@@ -337,8 +338,8 @@ struct Scratch {
 
 // Rows [r0, r1) x columns [c0, c1) of batch entry bi, on the calling thread.
 template <typename T, int MR, int NR>
-void gemm_block(const GemmArgs<T>& g, MicroKernel<T> kernel, int64_t bi, int64_t r0, int64_t r1, int64_t c0,
-                int64_t c1, T* buf_a, T* buf_b) {
+void gemm_block(const GemmArgs<T>& g, MicroKernel<T> kernel, int64_t bi, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                T* buf_a, T* buf_b) {
   const T* A = g.a + bi * g.a_bs;
   const T* B = g.b + bi * g.b_bs;
   T* C = g.c + bi * g.c_bs;
@@ -370,8 +371,7 @@ void gemm_block(const GemmArgs<T>& g, MicroKernel<T> kernel, int64_t bi, int64_t
 
 // Splits each matrix into gr x gc blocks (gr * gc == per) with the least repacking (A is packed once per column
 // block, B once per row block), within the number of micro-panels.
-void choose_grid(int64_t per, int64_t m, int64_t n, int64_t row_panels, int64_t col_panels, int64_t& gr,
-                 int64_t& gc) {
+void choose_grid(int64_t per, int64_t m, int64_t n, int64_t row_panels, int64_t col_panels, int64_t& gr, int64_t& gc) {
   gr = gc = 1;
   for (; per > 1; --per) {
     double best = -1;
@@ -447,8 +447,8 @@ void gemm_cpu(const GemmArgs<double>& g) {
 // Runs a plan (csrc/matmul.h): c = act(a @ b + bias), with z stored to aux when given. c and aux are contiguous
 // with the plan's output layout.
 template <typename T>
-void run_plan(const MatmulPlan& plan, const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
-              const at::Tensor& bias, MatmulActivation act, at::Tensor* aux) {
+void run_plan(const MatmulPlan& plan, const at::Tensor& a, const at::Tensor& b, at::Tensor& c, const at::Tensor& bias,
+              MatmulActivation act, at::Tensor* aux) {
   if (plan.empty()) return;
   GemmArgs<T> g;
   g.m = plan.m;
@@ -501,9 +501,8 @@ at::Tensor matmul_cpu(const at::Tensor& a, const at::Tensor& b, std::optional<c1
   check_cpu_kernel(op, kernel);
   const MatmulPlan plan = plan_matmul(op, a, b);
   at::Tensor c = at::empty(plan.out_shape, a.options());
-  AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "torchext_matmul_cpu", [&] {
-    run_plan<scalar_t>(plan, a, b, c, at::Tensor(), MatmulActivation::none, nullptr);
-  });
+  AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "torchext_matmul_cpu",
+                             [&] { run_plan<scalar_t>(plan, a, b, c, at::Tensor(), MatmulActivation::none, nullptr); });
   return c;
 }
 
@@ -525,8 +524,8 @@ std::tuple<at::Tensor, at::Tensor> linear_cpu(const at::Tensor& input, const at:
   const MatmulPlan plan = plan_matmul(op, x, wt);
   const std::vector<int64_t> shape = linear_out_shape(input, weight);
   at::Tensor out = at::empty(shape, input.options());
-  at::Tensor saved = activation_saves_preactivation(act) ? at::empty(shape, input.options())
-                                                          : at::empty({0}, input.options());
+  at::Tensor saved =
+      activation_saves_preactivation(act) ? at::empty(shape, input.options()) : at::empty({0}, input.options());
   const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "torchext_linear_cpu", [&] {
     run_plan<scalar_t>(plan, x, wt, out, b, act, activation_saves_preactivation(act) ? &saved : nullptr);
@@ -590,9 +589,8 @@ void linear_backward_epilogue_cpu(const T* g, const T* s, T* gz, T* gb, int64_t 
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_backward_cpu(const at::Tensor& grad_out, const at::Tensor& input,
                                                                    const at::Tensor& weight, const at::Tensor& out,
-                                                                   const at::Tensor& saved,
-                                                                   c10::string_view activation, bool has_bias,
-                                                                   std::array<bool, 3> output_mask) {
+                                                                   const at::Tensor& saved, c10::string_view activation,
+                                                                   bool has_bias, std::array<bool, 3> output_mask) {
   constexpr const char* op = "torchext::linear_backward";
   const MatmulActivation act = parse_activation(op, activation);
   check_linear_backward_args(op, grad_out, input, weight, out, saved, act);
