@@ -248,21 +248,22 @@ inline void check_linear_backward_args(std::string_view op, const at::Tensor& gr
                                        const at::Tensor& weight, const at::Tensor& out, const at::Tensor& saved,
                                        MatmulActivation act) {
   check_linear_args(op, input, weight, std::nullopt);
-  const std::vector<int64_t> shape = linear_out_shape(input, weight);
+  const std::vector<int64_t> shape_vec = linear_out_shape(input, weight);
+  const at::IntArrayRef shape(shape_vec);
   check_same_device(op, input, "input", grad_out, "grad_out");
   check_same_dtype(op, input, "input", grad_out, "grad_out");
-  TORCH_CHECK_VALUE(grad_out.sizes() == at::IntArrayRef(shape), op, ": `grad_out` must have shape ", shape,
+  TORCH_CHECK_VALUE(grad_out.sizes() == shape, op, ": `grad_out` must have shape ", shape,
                     " (the forward's output), got ", grad_out.sizes());
   if (act == MatmulActivation::relu) {
     check_same_device(op, input, "input", out, "out");
     check_same_dtype(op, input, "input", out, "out");
-    TORCH_CHECK_VALUE(out.sizes() == at::IntArrayRef(shape), op, ": `out` must be the forward's output of shape ",
+    TORCH_CHECK_VALUE(out.sizes() == shape, op, ": `out` must be the forward's output of shape ",
                       shape, " (relu differentiates from it), got ", out.sizes());
   }
   if (activation_saves_preactivation(act)) {
     check_same_device(op, input, "input", saved, "saved");
     check_same_dtype(op, input, "input", saved, "saved");
-    TORCH_CHECK_VALUE(saved.sizes() == at::IntArrayRef(shape), op,
+    TORCH_CHECK_VALUE(saved.sizes() == shape, op,
                       ": `saved` must be the forward's pre-activation of shape ", shape, ", got ", saved.sizes());
   }
 }
