@@ -139,6 +139,7 @@ BATCH_CASES = {
 def batch_operand(shape, kind, dtype, device, random=False):
     """Integer (or uniform random) values of the given shape: contiguous, transposed matrices, or "batch-inside"
     (memory order (M, *batch, K): the batch dimensions cannot fold into M)."""
+
     def values(s):
         return make_tensor(s, dtype, device) if random else integers(s, dtype, device)
 
