@@ -161,6 +161,44 @@ def test_matmul_exact_batched(device, kernel, dtype, case):
     assert_exact(c, a, b, f"{kernel} {case}")
 
 
+def random_strided(shape, dtype, device, gen):
+    """Integer values of `shape` in a random memory layout: dimensions stored in a random order, sometimes every
+    other element of a larger buffer, size-1 dimensions sometimes expanded from stride 0."""
+    order = torch.randperm(len(shape), generator=gen).tolist()
+    stored = [shape[d] for d in order]
+    step = [1 + int(torch.randint(0, 4, (), generator=gen) == 0) for _ in shape]
+    base = integers([s * k for s, k in zip(stored, step)], dtype, device)
+    view = base[tuple(slice(None, None, k) for k in step)]
+    t = view.permute(*[order.index(d) for d in range(len(shape))])
+    for d in range(len(shape)):
+        if shape[d] > 1 and torch.rand((), generator=gen) < 0.15:
+            t = t.narrow(d, 0, 1).expand(*shape)
+    return t
+
+
+@pytest.mark.parametrize("device,kernel,dtype", kernel_params((torch.float32,), (torch.float32,)))
+def test_matmul_exact_random_layouts(device, kernel, dtype):
+    """Random batch shapes, broadcasting and memory layouts (the stride plan's folds, merges and host loops)."""
+    gen = torch.Generator().manual_seed(1234)
+    sizes = (1, 2, 3)
+    for case in range(100):
+        nb = int(torch.randint(0, 4, (), generator=gen))
+        batch = [sizes[int(torch.randint(0, 3, (), generator=gen))] for _ in range(nb)]
+        a_batch = [d if torch.rand((), generator=gen) < 0.7 else 1 for d in batch]
+        b_batch = [d if torch.rand((), generator=gen) < 0.7 else 1 for d in batch]
+        a_batch = a_batch[int(torch.randint(0, nb + 1, (), generator=gen)) :]
+        b_batch = b_batch[int(torch.randint(0, nb + 1, (), generator=gen)) :]
+        m, k, n = (int(x) for x in torch.randint(1, 9, (3,), generator=gen))
+        a = random_strided([*a_batch, m, k], dtype, device, gen)
+        b = random_strided([*b_batch, k, n], dtype, device, gen)
+        with allow_tf32(tf32_for(kernel, dtype)):
+            try:
+                c = torchext.matmul(a, b, kernel)
+            except NotImplementedError:
+                continue
+        assert_exact(c, a, b, f"{kernel} case {case}: a {tuple(a.shape)} {a.stride()}, b {tuple(b.shape)} {b.stride()}")
+
+
 EMPTY_CASES = [((0, 5), (5, 3)), ((7, 0), (0, 3)), ((7, 5), (5, 0)), ((0, 7, 5), (5, 3)), ((2, 0, 5), (2, 5, 3)),
                ((2, 7, 0), (2, 0, 3)), ((3, 7, 5), (0, 1, 5, 3))]  # fmt: skip
 
