@@ -336,6 +336,19 @@ struct Scratch {
   T* data;
 };
 
+// Asks for the C tile's cache lines before the micro-kernel runs, so that its store does not wait on them (C's rows
+// are far apart: the hardware prefetchers do not see the pattern).
+template <typename T>
+inline void prefetch_tile(const T* c, int64_t ldc, int64_t rows, int64_t row_bytes) {
+#if defined(__GNUC__) || defined(__clang__)
+  for (int64_t i = 0; i < rows; ++i) {
+    const char* row = reinterpret_cast<const char*>(c + i * ldc);
+    for (int64_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(row + off, 1);
+    __builtin_prefetch(row + row_bytes - 1, 1);
+  }
+#endif
+}
+
 // Rows [r0, r1) x columns [c0, c1) of batch entry bi, on the calling thread.
 template <typename T, int MR, int NR>
 void gemm_block(const GemmArgs<T>& g, MicroKernel<T> kernel, int64_t bi, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
@@ -358,6 +371,7 @@ void gemm_block(const GemmArgs<T>& g, MicroKernel<T> kernel, int64_t bi, int64_t
           const int64_t nr = std::min<int64_t>(NR, nc - jr), j = jc + jr;
           for (int64_t ir = 0; ir < mc; ir += MR) {
             const int64_t mr = std::min<int64_t>(MR, mc - ir), i = ic + ir;
+            prefetch_tile(C + i * g.c_rs + j, g.c_rs, mr, nr * static_cast<int64_t>(sizeof(T)));
             kernel(kc, buf_a + ir * kc, buf_b + jr * kc, tile);
             store_tile<T, MR, NR>(tile, mr, nr, first, last, C + i * g.c_rs + j, g.c_rs,
                                   aux != nullptr ? aux + i * g.c_rs + j : nullptr,
