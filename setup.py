@@ -14,6 +14,7 @@ Environment variables (all optional):
 import glob
 import os
 import shutil
+import sys
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_ARCH_LIST = "8.0;8.6;8.9;9.0+PTX"
@@ -117,6 +118,14 @@ def make_extension():
     cpu_sources = [s for s in cpu_sources if s not in cuda_wrappers]
     opt = ["-O0", "-g"] if debug else ["-O3"]
     cxx_flags = opt + ["-fdiagnostics-color=always"]
+    # at::parallel_for is a header template over OpenMP (ATen/ParallelOpenMP.h): without -fopenmp its
+    # `#pragma omp parallel` is ignored and every CPU kernel runs on one thread. Linked with -fopenmp, the module
+    # needs libgomp.so.1, which resolves to the one torch has already loaded (torch/lib/libgomp.so.1), so both
+    # share one thread pool and torch.set_num_threads applies.
+    link_flags = []
+    if sys.platform.startswith("linux"):
+        cxx_flags.append("-fopenmp")
+        link_flags.append("-fopenmp")
     include_dirs = [os.path.join(ROOT, "csrc"), os.path.join(ROOT, "cuda_ops")]
 
     if not with_cuda:
@@ -125,6 +134,7 @@ def make_extension():
             cpu_sources,
             include_dirs=include_dirs,
             extra_compile_args={"cxx": cxx_flags},
+            extra_link_args=link_flags,
             py_limited_api=limited_api,
         )
     # No -std flag: torch.utils.cpp_extension picks the standard its headers need (C++17 or C++20).
@@ -148,6 +158,7 @@ def make_extension():
         cpu_sources + cuda_wrappers + sorted(glob.glob("cuda_ops/*.cu")),
         include_dirs=include_dirs,
         extra_compile_args={"cxx": cxx_flags + ["-DTORCHEXT_WITH_CUDA"] + fallback_cxx_includes, "nvcc": nvcc_flags},
+        extra_link_args=link_flags,
         py_limited_api=limited_api,
     )
 

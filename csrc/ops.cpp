@@ -63,4 +63,22 @@ TORCH_LIBRARY(torchext, m) {
   m.def(
       "multi_margin_loss_backward(Tensor grad_output, Tensor self, Tensor target, int p, float margin, "
       "Tensor? weight, str reduction) -> Tensor");
+
+  // Matrix products (csrc/matmul_*.cpp; the CUDA engine is cuda_ops/matmul*.cu, the stride plan csrc/matmul.h).
+  // matmul: torch.matmul for a (*, M, K) and b (K, N) or (*, K, N), batch dimensions broadcast, both at least
+  // 2-D. `kernel` names one version of the CUDA ladder ('naive', 'smem_tiled', 'register_blocked', 'vectorized',
+  // 'warp_tiled', 'mma_sync', 'wgmma'; 'cpu' on CPU); None picks the fastest that supports the arguments.
+  m.def("matmul(Tensor a, Tensor b, str? kernel=None) -> Tensor");
+  // The kernel matmul would run for these arguments (None resolved); the same errors as matmul.
+  m.def("matmul_kernel(Tensor a, Tensor b, str? kernel=None) -> str");
+  // linear: act(input @ weight^T + bias), input (*, K), weight (N, K), bias (N), activation 'none' | 'relu' |
+  // 'gelu' | 'gelu_tanh' | 'silu'. `saved` is what backward needs besides `out`: the pre-activation (shaped like
+  // out) for gelu, gelu_tanh and silu; an empty tensor for none and relu (relu differentiates from out).
+  m.def(
+      "linear(Tensor input, Tensor weight, Tensor? bias=None, str activation='none') -> (Tensor out, Tensor saved)");
+  // Gradients of input, weight and bias; an output whose output_mask entry is false (or grad_bias without a bias)
+  // comes back as an empty tensor.
+  m.def(
+      "linear_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor out, Tensor saved, str activation, "
+      "bool has_bias, bool[3] output_mask) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
 }

@@ -73,14 +73,19 @@ def test_loss_module_matches_torch_and_shares_state_dict(name, kwargs, make_targ
 
 @pytest.mark.parametrize("name", torchext.functional.__all__)
 def test_functional_signature_matches_torch(name):
+    """torch's parameters, in torch's order with torch's defaults (torch.nn.functional's, or torch's for matmul);
+    torchext's own options (linear's `activation`, matmul's `kernel`) may follow them, with defaults."""
     ours = inspect.signature(getattr(TF, name))
     try:
-        theirs = inspect.signature(getattr(F, name))
+        theirs = inspect.signature(getattr(F, name, None) or getattr(torch, name))
     except ValueError:
-        pytest.skip(f"torch.nn.functional.{name} is a builtin without a Python signature")
-    assert list(ours.parameters) == list(theirs.parameters), f"torchext.functional.{name} parameters differ"
+        pytest.skip(f"torch's {name} is a builtin without a Python signature")
+    theirs_names = list(theirs.parameters)
+    assert list(ours.parameters)[: len(theirs_names)] == theirs_names, f"torchext.functional.{name} parameters differ"
     for p in theirs.parameters.values():
         assert ours.parameters[p.name].default == p.default, f"{name}({p.name}=...) default differs"
+    for extra in list(ours.parameters)[len(theirs_names) :]:
+        assert ours.parameters[extra].default is not inspect.Parameter.empty, f"{name}({extra}) needs a default"
 
 
 def test_functional_softmax_other_dim_and_dtype():

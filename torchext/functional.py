@@ -28,6 +28,8 @@ __all__ = [
     "mse_loss",
     "binary_cross_entropy_with_logits",
     "multi_margin_loss",
+    "linear",
+    "matmul",
 ]
 
 
@@ -133,3 +135,15 @@ def multi_margin_loss(
     reduction: str = "mean",
 ) -> Tensor:
     return ops.multi_margin_loss(input, target, p, margin, weight, _reduction(size_average, reduce, reduction))
+
+
+def linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None) -> Tensor:
+    """torch.nn.functional.linear, plus an activation fused into the same kernel: None / 'none', 'relu', 'gelu',
+    'gelu_tanh' (gelu's tanh approximation) or 'silu'."""
+    return ops.linear(input, weight, bias, activation)
+
+
+def matmul(input: Tensor, other: Tensor, kernel: Optional[str] = None) -> Tensor:
+    """torch.matmul for operands of at least 2 dimensions, batch dimensions broadcast. `kernel` picks a version of
+    the CUDA ladder (torchext.ops.matmul.MATMUL_KERNELS); None the fastest that supports the arguments."""
+    return ops.matmul(input, other, kernel)

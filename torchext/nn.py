@@ -5,9 +5,13 @@ buffers (a loss's ``weight``, ``pos_weight``), ``state_dict`` keys, ``repr`` and
 torch.nn's own: a swapped model loads a stock checkpoint and the other way round.
 """
 
+from typing import Optional
+
+import torch
 from torch import Tensor, nn
 
 from . import functional as F
+from .ops.matmul import activation_name
 
 __all__ = [
     "ReLU",
@@ -22,6 +26,7 @@ __all__ = [
     "MSELoss",
     "BCEWithLogitsLoss",
     "MultiMarginLoss",
+    "Linear",
 ]
 
 
@@ -98,3 +103,53 @@ class BCEWithLogitsLoss(nn.BCEWithLogitsLoss):
 class MultiMarginLoss(nn.MultiMarginLoss):
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return F.multi_margin_loss(input, target, p=self.p, margin=self.margin, weight=self.weight, reduction=self.reduction)
+
+
+class Linear(nn.Linear):
+    """torch.nn.Linear with an optional activation fused into the same kernel: y = act(x W^T + b).
+
+    Same constructor arguments (plus ``activation``: None / 'none', 'relu', 'gelu', 'gelu_tanh', 'silu'),
+    parameters, initialisation and state_dict keys as torch.nn.Linear, so checkpoints load both ways; a stock
+    model's layer converts with ``Linear.from_torch(layer, activation=...)``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        activation: Optional[str] = None,
+    ) -> None:
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self.activation = activation_name(activation)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.linear(input, self.weight, self.bias, self.activation)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, activation={self.activation!r}"
+
+    @classmethod
+    def from_torch(cls, linear: nn.Linear, activation: Optional[str] = None) -> "Linear":
+        """A torchext Linear holding a copy of ``linear``'s parameters, on its device, in its dtype, in its
+        training mode, with the same requires_grad flags."""
+        weight = linear.weight
+        module = torch.nn.utils.skip_init(
+            cls,
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            device=weight.device,
+            dtype=weight.dtype,
+            activation=activation,
+        )
+        with torch.no_grad():
+            module.weight.copy_(weight)
+            if linear.bias is not None:
+                module.bias.copy_(linear.bias)
+        module.weight.requires_grad_(weight.requires_grad)
+        if linear.bias is not None:
+            module.bias.requires_grad_(linear.bias.requires_grad)
+        return module.train(linear.training)

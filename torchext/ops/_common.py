@@ -43,3 +43,27 @@ def needs_grad(ctx, index: int) -> bool:
     """ctx.needs_input_grad[index], where the dispatcher may have dropped trailing arguments left at their default
     (so the tuple can be shorter than the schema's argument list)."""
     return index < len(ctx.needs_input_grad) and bool(ctx.needs_input_grad[index])
+
+
+def _autocast_cast(arg, dtype: torch.dtype):
+    # torch's autocast casts floating CUDA tensors other than float64 (cached_cast's is_eligible).
+    if isinstance(arg, torch.Tensor) and arg.is_cuda and arg.is_floating_point() and arg.dtype != torch.float64:
+        return arg.to(dtype)
+    return arg
+
+
+def autocast_cuda_to_autocast_dtype(qualname: str) -> None:
+    """Under CUDA autocast, cast the op's floating CUDA inputs (float64 excepted) to the autocast dtype
+    (torch.get_autocast_dtype('cuda'): float16 or bfloat16), then run it with autocast off: PyTorch's rule for
+    matmul and linear. (torch.library.register_autocast casts to one dtype fixed at registration.)"""
+    namespace, name = qualname.split("::")
+    op = getattr(getattr(torch.ops, namespace), name).default
+
+    def autocast_kernel(*args, **kwargs):
+        dtype = torch.get_autocast_dtype("cuda")
+        with torch.autocast("cuda", enabled=False):
+            args = tuple(_autocast_cast(a, dtype) for a in args)
+            kwargs = {k: _autocast_cast(v, dtype) for k, v in kwargs.items()}
+            return op(*args, **kwargs)
+
+    torch.library.impl(qualname, "AutocastCUDA", autocast_kernel)
