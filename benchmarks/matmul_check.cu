@@ -252,6 +252,7 @@ int main(int argc, char** argv) {
       cases.push_back({dt, 4096, 4096, 4096, 1, ak, bk, false, !quick || (ak && !bk), false});
       if (!quick && ak && !bk) cases.push_back({dt, 8192, 8192, 8192, 1, ak, bk, false, true, false});
       if (!quick && ak && bk) cases.push_back({dt, 8192, 4096, 4096, 1, ak, bk, false, true, false});
+      if (ak && bk) cases.push_back({dt, 8192, 4096, 4096, 1, ak, bk, false, true, true});  // linear + bias + relu
     }
   }
   if (profile) cases = {{"bf16", 4096, 4096, 4096, 1, true, false, false, false, false}};

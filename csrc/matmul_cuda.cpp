@@ -14,6 +14,7 @@
 // which torch.backends.cuda.matmul.allow_tf32, torch.set_float32_matmul_precision('high' | 'medium') and
 // torch.backends.cuda.matmul.fp32_precision = 'tf32' all set (it is what torch's own cuBLAS calls read; it raises
 // if the legacy and the new settings were mixed into a contradiction, as torch's matmul does).
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/Context.h>
 #include <torch/library.h>
 
@@ -133,14 +134,36 @@ at::Tensor unit_strided(const at::Tensor& t, bool default_kernel, bool dry_run) 
   return dry_run ? at::empty(t.sizes(), t.options()) : t.contiguous();
 }
 
+// tf32 on Hopper: wgmma reads 32-bit operands K-major only (A row-major, B column-major). With kernel=None, float32
+// inputs, tf32 allowed and an sm_90 GPU, an operand in the other layout is copied into the K-major one: the copy
+// moves 8 bytes per element once, far less than the gap between wgmma and mma.sync in tf32 (0.97x against 0.50x of
+// cuBLAS at 4096, benchmarks/results/matmul_gpu.md). This is the one case where matmul materializes a transpose.
+bool tf32_wgmma_wants_k_major(const at::Tensor& a, bool default_kernel) {
+  if (!default_kernel || a.scalar_type() != at::kFloat || !at::globalContext().allowTF32CuBLAS()) return false;
+  const auto* props = at::cuda::getDeviceProperties(a.device().index());
+  return props->major == 9 && props->minor == 0;
+}
+
+at::Tensor k_major(const at::Tensor& t, bool rows_are_k, bool dry_run) {
+  // A (.., M, K): K-major when the last stride is 1. B (.., K, N): K-major when the second-to-last stride is 1.
+  const int64_t inner = rows_are_k ? t.dim() - 2 : t.dim() - 1;
+  if (t.size(inner) <= 1 || t.stride(inner) == 1) return t;
+  if (dry_run) return rows_are_k ? at::empty(t.mT().sizes(), t.options()).mT() : at::empty(t.sizes(), t.options());
+  return rows_are_k ? t.mT().contiguous().mT() : t.contiguous();
+}
+
 // matmul and matmul_kernel: the same path, with or without launching.
 std::tuple<at::Tensor, MatmulKernel> matmul_impl(std::string_view op, const at::Tensor& a_in, const at::Tensor& b_in,
                                                  const std::optional<c10::string_view>& kernel_name, bool launch) {
   check_matmul_args(op, a_in, b_in);
   const std::optional<MatmulKernel> kernel = parse_kernel(op, kernel_name);
   c10::cuda::CUDAGuard guard(a_in.device());
-  const at::Tensor a = unit_strided(a_in, !kernel.has_value(), !launch);
-  const at::Tensor b = unit_strided(b_in, !kernel.has_value(), !launch);
+  at::Tensor a = unit_strided(a_in, !kernel.has_value(), !launch);
+  at::Tensor b = unit_strided(b_in, !kernel.has_value(), !launch);
+  if (tf32_wgmma_wants_k_major(a, !kernel.has_value())) {
+    a = k_major(a, /*rows_are_k=*/false, !launch);
+    b = k_major(b, /*rows_are_k=*/true, !launch);
+  }
   const MatmulPlan plan = plan_matmul(op, a, b);
   at::Tensor c = at::empty(plan.out_shape, a.options());
   MatmulKernel chosen = MatmulKernel::naive;

@@ -40,7 +40,8 @@ constexpr int kTileBytesA = kBM * kRowBytes;  // 16 KiB
 constexpr int kTileBytesB = kBN * kRowBytes;  // 32 KiB
 constexpr int kStageBytes = kTileBytesA + kTileBytesB;
 constexpr int kChunkBytes = 64 * kRowBytes;  // one 64-wide M- or N-major box of 16-bit values: 8 KiB
-constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment slack */ + 2 * kStages * 8 /* barriers */;
+constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment slack */ + 2 * kStages * 8 /* barriers */ +
+                           kBN * 4 /* the tile's bias, as float */;
 constexpr int kThreads = 384;                // producer warpgroup + two consumer warpgroups
 constexpr int kConsumers = 2;
 constexpr int kGroupM = 8;                   // tile-rows walked together for L2 reuse
@@ -224,54 +225,48 @@ __device__ __forceinline__ TileCoord tile_coord(int t, int tiles_m, int tiles_n)
   return {b, first_m + in_group % rows, in_group / rows};
 }
 
-// What the epilogue needs, small enough to pass in registers to the out-of-line store below.
-template <typename T>
-struct EpilogueParams {
-  T* c;
-  T* aux;
-  const T* bias;
-  int64_t c_rs, c_bs, m, n;
-  Activation act;
-  bool pair_aligned;  // C (and aux) rows and pointers allow 2-element vector stores
-};
+// The activation of the fused epilogue, out of line: inlined into the 128 accumulator stores per thread, erf/tanh/exp
+// made the kernel half a megabyte of code, and ncu showed warps stalled on instruction fetch half the time.
+// It touches no memory, so the calls do not wait on each other.
+__device__ __noinline__ float activation_out_of_line(float z, Activation act) { return apply_activation(z, act); }
 
-// Stores output columns j and j + 1 of row i through the shared epilogue (bias, activation, aux). Out of line on
-// purpose: inlined into the 64 unrolled stores per thread, the activation math made the kernel half a megabyte
-// of code, and ncu showed warps stalled on instruction fetch half the time.
+// Output columns j and j + 1 of row i: z = acc + bias (bias from shared memory), z to aux, act(z) to C.
 template <typename T>
-__device__ __noinline__ void store_pair_full(EpilogueParams<T> e, int64_t b, int64_t i, int64_t j, float v0, float v1) {
-  if (i >= e.m || j >= e.n) return;
-  const bool both = j + 1 < e.n;
+__device__ __forceinline__ void store_pair(const MatmulArgs<T>& p, bool pair_aligned, const float* bias_tile,
+                                           int64_t b, int64_t i, int64_t j, int jt, float v0, float v1) {
+  if (i >= p.m || j >= p.n) return;
+  const bool both = j + 1 < p.n;
   float z0 = v0, z1 = v1;
-  if (e.bias != nullptr) {
-    z0 += static_cast<float>(e.bias[j]);
-    if (both) z1 += static_cast<float>(e.bias[j + 1]);
+  if (p.bias != nullptr) {
+    z0 += bias_tile[jt];
+    z1 += bias_tile[jt + 1];
   }
-  const int64_t off = b * e.c_bs + i * e.c_rs + j;
-  const float y0 = apply_activation(z0, e.act), y1 = apply_activation(z1, e.act);
-  if (e.pair_aligned && both) {
-    if (e.aux != nullptr) *reinterpret_cast<Vec<T, 2>*>(e.aux + off) = Vec<T, 2>{{T(z0), T(z1)}};
-    *reinterpret_cast<Vec<T, 2>*>(e.c + off) = Vec<T, 2>{{T(y0), T(y1)}};
-  } else {
-    if (e.aux != nullptr) e.aux[off] = T(z0);
-    e.c[off] = T(y0);
-    if (both) {
-      if (e.aux != nullptr) e.aux[off + 1] = T(z1);
-      e.c[off + 1] = T(y1);
+  const int64_t off = b * p.c_bs + i * p.c_rs + j;
+  if (p.aux != nullptr) {
+    if (pair_aligned && both) {
+      *reinterpret_cast<Vec<T, 2>*>(p.aux + off) = Vec<T, 2>{{T(z0), T(z1)}};
+    } else {
+      p.aux[off] = T(z0);
+      if (both) p.aux[off + 1] = T(z1);
     }
   }
-}
-
-// The plain product (no bias, activation or aux): inline, a bounds check and one store.
-template <typename T>
-__device__ __forceinline__ void store_pair(const EpilogueParams<T>& e, bool plain, int64_t b, int64_t i, int64_t j,
-                                           float v0, float v1) {
-  if (plain && e.pair_aligned && i < e.m && j + 1 < e.n) {
-    *reinterpret_cast<Vec<T, 2>*>(e.c + b * e.c_bs + i * e.c_rs + j) = Vec<T, 2>{{T(v0), T(v1)}};
+  if (p.act == Activation::relu) {
+    z0 = math::relu_forward(z0);
+    z1 = math::relu_forward(z1);
+  } else if (p.act != Activation::none) {
+    z0 = activation_out_of_line(z0, p.act);
+    z1 = activation_out_of_line(z1, p.act);
+  }
+  if (pair_aligned && both) {
+    *reinterpret_cast<Vec<T, 2>*>(p.c + off) = Vec<T, 2>{{T(z0), T(z1)}};
   } else {
-    store_pair_full(e, b, i, j, v0, v1);
+    p.c[off] = T(z0);
+    if (both) p.c[off + 1] = T(z1);
   }
 }
+
+// Named barrier 1 over the two consumer warpgroups (256 threads); barrier 0 is __syncthreads.
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
 
 // A K-major: smem A tile is 128 rows (m) of 128 bytes (k). A M-major: two 64-wide chunks, each 64 k-rows of 64 m.
 // B likewise with 256 rows (n) or four 64-wide chunks.
@@ -286,6 +281,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
   uint64_t* empty = full + kStages;
+  float* bias_tile = reinterpret_cast<float*>(empty + kStages);
   const int warpgroup = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
   const int total_tiles = tiles_m * tiles_n * static_cast<int>(p.batch);
@@ -335,8 +331,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int consumer = warpgroup - 1;
     const int warp = tid / 32, lane = tid % 32;
     using Mma = Wgmma<T, !kAKMajor, !kBKMajor>;
-    const EpilogueParams<T> epi{p.c, p.aux, p.bias, p.c_rs, p.c_bs, p.m, p.n, p.act, pair_aligned != 0};
-    const bool plain = p.bias == nullptr && p.aux == nullptr && p.act == Activation::none;
     constexpr int kSteps = kBK<T> / Mma::kK;  // wgmmas per stage: 4
     float d[128];
     int it = 0;
@@ -377,11 +371,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Accumulator layout of m64nNk16: warp w holds rows 16w + lane/4 and 16w + lane/4 + 8; register 4j + e
       // holds column 8j + 2 (lane % 4) + (e & 1), the second row for e >= 2.
       const int64_t row = int64_t(tc.tm) * kBM + consumer * 64 + warp * 16 + lane / 4;
-      const int64_t col0 = int64_t(tc.tn) * kBN + 2 * (lane % 4);
+      const int64_t col0 = int64_t(tc.tn) * kBN;
+      if (p.bias != nullptr) {
+        // The tile's 256 bias values, once, into shared memory (after both consumers are done with the last tile's).
+        consumers_sync();
+        const int c = (consumer * 128 + tid);
+        bias_tile[c] = col0 + c < p.n ? static_cast<float>(p.bias[col0 + c]) : 0.f;
+        consumers_sync();
+      }
 #pragma unroll
       for (int j = 0; j < kBN / 8; ++j) {
-        store_pair(epi, plain, tc.b, row, col0 + 8 * j, d[4 * j], d[4 * j + 1]);
-        store_pair(epi, plain, tc.b, row + 8, col0 + 8 * j, d[4 * j + 2], d[4 * j + 3]);
+        const int jt = 8 * j + 2 * (lane % 4);
+        store_pair(p, pair_aligned != 0, bias_tile, tc.b, row, col0 + jt, jt, d[4 * j], d[4 * j + 1]);
+        store_pair(p, pair_aligned != 0, bias_tile, tc.b, row + 8, col0 + jt, jt, d[4 * j + 2], d[4 * j + 3]);
       }
     }
   }
@@ -433,14 +435,15 @@ struct OperandPlan {
 // rows x cols operand with strides rs (between rows) and cs (between cols); cols is k.
 inline OperandPlan plan_operand(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
   OperandPlan o;
+  // A stride of 0 (a broadcast, as from expand) has no TMA form: its dimension would be read as distinct rows.
   if (cs == 1 || cols <= 1) {  // K-major: each row's k values contiguous
     o.k_major = true;
     o.lead = rows <= 1 ? 0 : rs;
-    o.ok = true;
+    o.ok = rows <= 1 || rs > 0;
   } else if (rs == 1 || rows <= 1) {  // M/N-major
     o.k_major = false;
     o.lead = cols <= 1 ? 0 : cs;
-    o.ok = true;
+    o.ok = cols <= 1 || cs > 0;
   }
   return o;
 }
@@ -466,7 +469,8 @@ bool check_args(const MatmulArgs<T>& a, OperandPlan& pa, OperandPlan& pb, const 
     pa = plan_operand(a.m, a.k, a.a_rs, a.a_cs);
     // B is (k, n); as an operand it is B^T = (n, k) with row stride b_cs and column stride b_rs.
     pb = plan_operand(a.n, a.k, a.b_cs, a.b_rs);
-    if (!pa.ok || !pb.ok) return fail("an operand has no unit stride (TMA reads a contiguous inner dimension)");
+    if (!pa.ok || !pb.ok)
+      return fail("an operand has no unit stride, or a zero stride (TMA reads a contiguous inner dimension and distinct rows)");
     if (std::is_same_v<T, float> && (!pa.k_major || !pb.k_major))
       return fail("tf32 wgmma reads K-major operands only (A row-major, B column-major)");
     constexpr int64_t s = sizeof(T);

@@ -35,8 +35,12 @@ def autocast_to_float32(qualname: str) -> None:
 
 def autocast_cpu_to_float32(qualname: str) -> None:
     """Under CPU autocast only, cast to float32: the CPU kernels are float32/float64. On CUDA the op runs in
-    whatever dtype it is given (it has float16 and bfloat16 kernels), as PyTorch's activations do."""
-    torch.library.register_autocast(qualname, "cpu", torch.float32)
+    whatever dtype it is given (it has float16 and bfloat16 kernels), as PyTorch's activations do.
+
+    Registered as a plain AutocastCPU kernel rather than through torch.library.register_autocast: in torch 2.11
+    that function files every device's rule under the AutocastCUDA key, so it fails (KeyError) on an op that
+    already has its own AutocastCUDA kernel, as matmul and linear do."""
+    _register_autocast_kernel(qualname, "cpu", lambda: torch.float32)
 
 
 def needs_grad(ctx, index: int) -> bool:
@@ -45,25 +49,35 @@ def needs_grad(ctx, index: int) -> bool:
     return index < len(ctx.needs_input_grad) and bool(ctx.needs_input_grad[index])
 
 
-def _autocast_cast(arg, dtype: torch.dtype):
-    # torch's autocast casts floating CUDA tensors other than float64 (cached_cast's is_eligible).
-    if isinstance(arg, torch.Tensor) and arg.is_cuda and arg.is_floating_point() and arg.dtype != torch.float64:
+def _autocast_cast(arg, dtype: torch.dtype, device: str):
+    # torch's autocast casts floating tensors of its device other than float64 (cached_cast's is_eligible).
+    if (
+        isinstance(arg, torch.Tensor)
+        and arg.device.type == device
+        and arg.is_floating_point()
+        and arg.dtype != torch.float64
+    ):
         return arg.to(dtype)
     return arg
+
+
+def _register_autocast_kernel(qualname: str, device: str, dtype_fn) -> None:
+    """An Autocast<device> kernel that casts the op's eligible inputs to dtype_fn() and runs it with autocast off."""
+    namespace, name = qualname.split("::")
+    op = getattr(getattr(torch.ops, namespace), name).default
+
+    def autocast_kernel(*args, **kwargs):
+        dtype = dtype_fn()
+        with torch.autocast(device, enabled=False):
+            args = tuple(_autocast_cast(a, dtype, device) for a in args)
+            kwargs = {k: _autocast_cast(v, dtype, device) for k, v in kwargs.items()}
+            return op(*args, **kwargs)
+
+    torch.library.impl(qualname, "Autocast" + ("CUDA" if device == "cuda" else "CPU"), autocast_kernel)
 
 
 def autocast_cuda_to_autocast_dtype(qualname: str) -> None:
     """Under CUDA autocast, cast the op's floating CUDA inputs (float64 excepted) to the autocast dtype
     (torch.get_autocast_dtype('cuda'): float16 or bfloat16), then run it with autocast off: PyTorch's rule for
     matmul and linear. (torch.library.register_autocast casts to one dtype fixed at registration.)"""
-    namespace, name = qualname.split("::")
-    op = getattr(getattr(torch.ops, namespace), name).default
-
-    def autocast_kernel(*args, **kwargs):
-        dtype = torch.get_autocast_dtype("cuda")
-        with torch.autocast("cuda", enabled=False):
-            args = tuple(_autocast_cast(a, dtype) for a in args)
-            kwargs = {k: _autocast_cast(v, dtype) for k, v in kwargs.items()}
-            return op(*args, **kwargs)
-
-    torch.library.impl(qualname, "AutocastCUDA", autocast_kernel)
+    _register_autocast_kernel(qualname, "cuda", lambda: torch.get_autocast_dtype("cuda"))
