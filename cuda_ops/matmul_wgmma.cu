@@ -40,10 +40,12 @@ constexpr int kTileBytesA = kBM * kRowBytes;  // 16 KiB
 constexpr int kTileBytesB = kBN * kRowBytes;  // 32 KiB
 constexpr int kStageBytes = kTileBytesA + kTileBytesB;
 constexpr int kChunkBytes = 64 * kRowBytes;  // one 64-wide M- or N-major box of 16-bit values: 8 KiB
-constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment slack */ + 2 * kStages * 8 /* barriers */ +
-                           kBN * 4 /* the tile's bias, as float */;
-constexpr int kThreads = 384;                // producer warpgroup + two consumer warpgroups
 constexpr int kConsumers = 2;
+constexpr int kStagingBytes = 16 * 1024;    // per consumer: the output staging buffer of the TMA-store epilogue
+// Layout: [stages][staging per consumer][full and empty barriers][bias of the tile], from a 1024-aligned base.
+constexpr int kSmemBytes = kStages * kStageBytes + kConsumers * kStagingBytes + 1024 /* alignment slack */ +
+                           2 * kStages * 8 /* barriers */ + kBN * 4 /* the tile's bias, as float */;
+constexpr int kThreads = 384;                // producer warpgroup + two consumer warpgroups
 constexpr int kGroupM = 8;                   // tile-rows walked together for L2 reuse
 
 template <typename T>
@@ -101,6 +103,21 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, u
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
+
+// 3-D tile copy shared -> global (the copy engine clips what lies outside the matrix), in this thread's bulk group.
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+__device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// Waits until this thread's bulk stores have finished reading shared memory (the buffer may then be rewritten).
+__device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+// Waits until they are complete (written to global memory).
+__device__ __forceinline__ void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+// Makes this thread's ordinary shared-memory writes visible to the copy engine.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // Shared-memory matrix descriptor for a 128-byte-swizzled operand (PTX ISA, "Matrix Descriptor Format"):
 // start address, leading-dimension byte offset, stride-dimension byte offset, all >> 4; swizzle mode 1 = 128B.
@@ -273,13 +290,14 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256
 template <typename T, bool kAKMajor, bool kBKMajor>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                        const MatmulArgs<T> p, int tiles_m, int tiles_n, int k_tiles, int a_batched, int b_batched,
-                        int pair_aligned) {
+                        const __grid_constant__ CUtensorMap map_c, const MatmulArgs<T> p, int tiles_m, int tiles_n,
+                        int k_tiles, int a_batched, int b_batched, int pair_aligned, int tma_store) {
 #if defined(TORCHEXT_WGMMA_DEVICE)
   extern __shared__ uint8_t smem_raw[];
   // 128-byte swizzling repeats every 1024 bytes and is computed from the address: stage buffers start on 1024.
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
+  uint8_t* staging_base = smem + kStages * kStageBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(staging_base + kConsumers * kStagingBytes);
   uint64_t* empty = full + kStages;
   float* bias_tile = reinterpret_cast<float*>(empty + kStages);
   const int warpgroup = threadIdx.x / 128;
@@ -379,13 +397,65 @@ __global__ void __launch_bounds__(kThreads, 1)
         bias_tile[c] = col0 + c < p.n ? static_cast<float>(p.bias[col0 + c]) : 0.f;
         consumers_sync();
       }
+      if (tma_store) {
+        // Through shared memory and the copy engine: each thread writes its pairs into a 128-byte-swizzled staging
+        // buffer (conflict-free), one thread stores it with TMA, and the warpgroup goes back to the main loop while
+        // the copy drains. Chunks of kChunkCols columns, each two boxes of 64 rows x 128 bytes.
+        constexpr int kBoxCols = kRowBytes / int(sizeof(T));   // 64 halves or 32 floats
+        constexpr int kChunkCols = kStagingBytes / (64 * int(sizeof(T)));  // 128 halves or 64 floats
+        uint8_t* staging = staging_base + consumer * kStagingBytes;
+        const int r0 = warp * 16 + lane / 4;  // row within this consumer's 64
 #pragma unroll
-      for (int j = 0; j < kBN / 8; ++j) {
-        const int jt = 8 * j + 2 * (lane % 4);
-        store_pair(p, pair_aligned != 0, bias_tile, tc.b, row, col0 + jt, jt, d[4 * j], d[4 * j + 1]);
-        store_pair(p, pair_aligned != 0, bias_tile, tc.b, row + 8, col0 + jt, jt, d[4 * j + 2], d[4 * j + 3]);
+        for (int q = 0; q < kBN / kChunkCols; ++q) {
+          if (tid == 0) tma_store_wait_read();  // the previous chunk's copy is done reading the buffer
+          asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
+#pragma unroll
+          for (int jj = 0; jj < kChunkCols / 8; ++jj) {
+            const int j = q * (kChunkCols / 8) + jj;
+            const int jt = 8 * j + 2 * (lane % 4);  // column within the tile
+            const int cc = jt - q * kChunkCols;     // column within the chunk
+            const int box = cc / kBoxCols, cb = cc % kBoxCols;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int r = r0 + 8 * h;
+              float z0 = d[4 * j + 2 * h], z1 = d[4 * j + 2 * h + 1];
+              if (p.bias != nullptr) {
+                z0 += bias_tile[jt];
+                z1 += bias_tile[jt + 1];
+              }
+              if (p.act == Activation::relu) {
+                z0 = math::relu_forward(z0);
+                z1 = math::relu_forward(z1);
+              } else if (p.act != Activation::none) {
+                z0 = activation_out_of_line(z0, p.act);
+                z1 = activation_out_of_line(z1, p.act);
+              }
+              const int byte = cb * int(sizeof(T));
+              uint8_t* dst = staging + box * (64 * kRowBytes) + r * kRowBytes + (((byte / 16) ^ (r % 8)) * 16) + byte % 16;
+              *reinterpret_cast<Vec<T, 2>*>(dst) = Vec<T, 2>{{T(z0), T(z1)}};
+            }
+          }
+          fence_proxy_async();
+          asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
+          if (tid == 0) {
+#pragma unroll
+            for (int box = 0; box < kChunkCols / kBoxCols; ++box) {
+              tma_store_3d(&map_c, staging + box * (64 * kRowBytes),
+                           tc.tn * kBN + q * kChunkCols + box * kBoxCols, tc.tm * kBM + consumer * 64, tc.b);
+            }
+            tma_store_commit();
+          }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kBN / 8; ++j) {
+          const int jt = 8 * j + 2 * (lane % 4);
+          store_pair(p, pair_aligned != 0, bias_tile, tc.b, row, col0 + jt, jt, d[4 * j], d[4 * j + 1]);
+          store_pair(p, pair_aligned != 0, bias_tile, tc.b, row + 8, col0 + jt, jt, d[4 * j + 2], d[4 * j + 3]);
+        }
       }
     }
+    if (tma_store && tid == 0) tma_store_wait_all();
   }
 #endif  // TORCHEXT_WGMMA_DEVICE
 }
@@ -489,14 +559,16 @@ bool check_args(const MatmulArgs<T>& a, OperandPlan& pa, OperandPlan& pb, const 
 // swizzling; the box's inner extent is always 128 bytes.
 template <typename T>
 cudaError_t make_map(CUtensorMap* map, const T* base, int64_t inner, int64_t outer, int64_t batch, int64_t outer_stride,
-                     int64_t batch_stride, int box_outer) {
+                     int64_t batch_stride, int box_outer, bool round_tf32 = true) {
   constexpr int64_t s = sizeof(T);
   const int64_t os = outer_stride > 0 ? outer_stride * s : 16;
   cuuint64_t dims[3] = {cuuint64_t(inner), cuuint64_t(outer), cuuint64_t(batch)};
   cuuint64_t strides[2] = {cuuint64_t(os), cuuint64_t(batch > 1 ? batch_stride * s : os)};
   cuuint32_t box[3] = {cuuint32_t(kRowBytes / s), cuuint32_t(box_outer), 1};
   cuuint32_t elem_strides[3] = {1, 1, 1};
-  CUresult r = encode_tiled_fn()(map, tma_dtype<T>(), 3, const_cast<T*>(base), dims, strides, box, elem_strides,
+  const CUtensorMapDataType dtype =
+      std::is_same_v<T, float> && !round_tf32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : tma_dtype<T>();
+  CUresult r = encode_tiled_fn()(map, dtype, 3, const_cast<T*>(base), dims, strides, box, elem_strides,
                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
@@ -518,6 +590,17 @@ cudaError_t launch(const MatmulArgs<T>& a, const OperandPlan& pa, const OperandP
                  : make_map(&map_b, a.b, a.n, a.k, b_batched ? a.batch : 1, pb.lead, a.b_bs, bk);
   if (err != cudaSuccess) return err;
 
+  // C through TMA when it can be (plain or bias/relu/gelu/silu epilogue without aux; 16-byte aligned rows).
+  CUtensorMap map_c;
+  std::memset(&map_c, 0, sizeof(map_c));
+  constexpr int64_t s = sizeof(T);
+  const bool c_batched = a.batch > 1;
+  bool tma_store = a.aux == nullptr && reinterpret_cast<uintptr_t>(a.c) % 16 == 0 && (a.c_rs * s) % 16 == 0 &&
+                   (!c_batched || (a.c_bs * s) % 16 == 0) && (a.m <= 1 || a.c_rs > 0);
+  if (tma_store) {
+    tma_store = make_map(&map_c, static_cast<const T*>(a.c), a.n, a.m, c_batched ? a.batch : 1, a.c_rs, a.c_bs, 64,
+                         /*round_tf32=*/false) == cudaSuccess;
+  }
   auto kernel = matmul_wgmma_kernel<T, kAKMajor, kBKMajor>;
   static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (attr != cudaSuccess) return attr;
@@ -528,8 +611,8 @@ cudaError_t launch(const MatmulArgs<T>& a, const OperandPlan& pa, const OperandP
   const int grid = int(std::min<int64_t>(total, sm_count()));
   const bool pair_aligned = a.c_rs % 2 == 0 && a.c_bs % 2 == 0 && reinterpret_cast<uintptr_t>(a.c) % (2 * sizeof(T)) == 0 &&
                             (a.aux == nullptr || reinterpret_cast<uintptr_t>(a.aux) % (2 * sizeof(T)) == 0);
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, a, tiles_m, tiles_n, k_tiles, a_batched, b_batched,
-                                                 pair_aligned);
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, a, tiles_m, tiles_n, k_tiles, a_batched,
+                                                 b_batched, pair_aligned, int(tma_store));
   return cudaGetLastError();
 }
 
