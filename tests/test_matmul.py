@@ -86,7 +86,7 @@ def assert_exact(c, a, b, what):
 
 
 @pytest.mark.parametrize("device,kernel,dtype", kernel_params())
-@pytest.mark.parametrize("shape", EXACT_SHAPES + [pytest.param(BIG_SHAPE, marks=gpu)], ids=str)
+@pytest.mark.parametrize("shape", EXACT_SHAPES + [pytest.param(BIG_SHAPE, marks=[gpu, pytest.mark.slow])], ids=str)
 def test_matmul_exact(device, kernel, dtype, shape):
     if device == "cpu" and shape == BIG_SHAPE:
         pytest.skip("GPU only")

@@ -1,0 +1,864 @@
+// The CUDA-core matmul ladder: C = act(A B + bias) on CUDA cores, for every dtype (cuda_ops/matmul.cuh).
+//
+//   For each batch b:  z[i, j] = sum_p A[i, p] B[p, j] (+ bias[j]),  C[i, j] = act(z[i, j]),  aux[i, j] = z[i, j]
+//   A is (m, k) and B is (k, n), each read in place through a row, a column and a batch stride (any of them may be
+//   0 or anything else, so transposed operands and broadcast batches cost nothing); C and aux are (m, n) with unit
+//   column stride. Elements are loaded as T, products and sums are in acc_t<T> (float; double for double), and the
+//   epilogue is store_epilogue (cuda_ops/matmul_epilogue.cuh) or store_epilogue_n, the same function on a short run
+//   of columns. Sums of exact products stay exact in float below 2^24, so small integer inputs give bit-exact
+//   results in every version, whatever the order of summation.
+//
+// Napkin math: 2 m n k flops. At 4096^3 that is 137 GFLOP, 2.0 ms at the H200's 67 TFLOP/s of FP32 FMA, against
+// 3 x 64 MiB of unique traffic (0.05 ms at 4.8 TB/s): compute bound once each loaded element is reused from on-chip
+// memory enough times. The ladder is the story of that reuse and of keeping the FMA pipes fed:
+//
+//   v1 naive             one thread per C element, A and B straight from global memory: 2 loads per FMA.
+//   v2 smem_tiled        32x32 tiles of A and B staged through shared memory: each loaded element serves 32 FMAs,
+//                        but every FMA still needs 2 shared-memory reads.
+//   v3 register_blocked  a 128x128 block tile (64x64 for double) in k steps of BK = 8, 256 threads, each keeping an
+//                        8x8 patch of C (4x4 for double) in registers: per k step a thread reads 8 + 8 values from
+//                        shared memory and does 64 FMAs. Thread (ty, tx) owns rows ty + 16 i and columns tx + 16 j.
+//   v4 vectorized        16-byte global loads (4 floats, 8 halves, 2 doubles) along whichever dimension of each
+//                        operand is contiguous; the smem tiles are k-major (A stored transposed) so the inner loop
+//                        reads 16-byte vectors of A and of B; rows padded by 4 elements so the transposing stores
+//                        of a k-contiguous operand hit 32 distinct banks; two smem buffers: tile k+1 travels from
+//                        global memory while tile k is computed, one barrier per k tile (through registers, or by
+//                        cp.async straight into shared memory for an m / n-contiguous float or double operand on
+//                        sm_80+). The 16x16 thread grid spans the block: thread (ty, tx) owns the 4x4 patches at rows
+//                        ty*4 + 64 i and columns tx*4 + 64 j (i, j < 2).
+//   v5 warp_tiled        the same pipeline with the block tile split into warp tiles (64x32) and each warp tile
+//                        among its lanes (8x4 lanes, each owning 2x2 patches of 4x4): a warp's smem reads per k step
+//                        touch 128 + 64 bytes (one wavefront each) instead of v4's 32 + 256. Shapes tuned for
+//                        H100/H200 FP32; see V5Float below for the alternatives.
+//
+// v4 and v5 read an operand with 16-byte vectors when it is contiguous along k (A row-major, B column-major) or
+// along m / n (A column-major, B row-major) and its base pointer, its other stride and its batch stride keep every
+// vector 16-byte aligned; otherwise that operand takes the scalar loader of v3 (any strides), decided per operand
+// at launch (pick_load). Tails in m, n and k load zeros and are never stored; k == 0 stores act(bias or 0).
+// v3 to v5 store C through shared memory (tiled_gemm says how), so every warp writes whole rows.
+//
+// Scheduling, shared by all versions: one block per output tile, numbered over batch x tile rows x tile columns
+// (grid.x, then grid.y only past 2^31 - 1 tiles, so the 65535 limit on grid.y / grid.z never binds) and walked in
+// bands of 8 tile rows so that blocks running together share rows of A and columns of B in L2.
+#include "common.cuh"
+#include "matmul.cuh"
+#include "matmul_epilogue.cuh"
+
+#include <climits>
+#include <type_traits>
+
+namespace torchext::cuda_ops {
+namespace {
+
+__device__ __forceinline__ float mac(float a, float b, float c) { return fmaf(a, b, c); }
+__device__ __forceinline__ double mac(double a, double b, double c) { return fma(a, b, c); }
+
+// ------------------------------------------------------------------------------------------------------------------
+// Tile scheduling
+
+constexpr int64_t kBandRows = 8;  // tile rows walked together (L2 reuse of B's columns)
+
+struct TileGrid {
+  int64_t tiles_m = 0, tiles_n = 0, total = 0;  // total = batch * tiles_m * tiles_n
+  bool c_vec = false;                           // v4/v5: C and aux take VW-wide vector stores
+};
+
+TileGrid make_grid(int64_t batch, int64_t m, int64_t n, int64_t bm, int64_t bn) {
+  TileGrid g;
+  g.tiles_m = (m + bm - 1) / bm;
+  g.tiles_n = (n + bn - 1) / bn;
+  g.total = batch * g.tiles_m * g.tiles_n;
+  return g;
+}
+
+// One block per tile, numbered blockIdx.y * gridDim.x + blockIdx.x: grid.x up to 2^31 - 1, grid.y (<= 65535) only
+// for more tiles than that. False when even that is too few (2^46 tiles: more memory than any GPU has).
+bool tile_launch_grid(const TileGrid& g, dim3& grid) {
+  if (g.total <= 0) {  // nothing to launch
+    grid = dim3(1);
+    return true;
+  }
+  const int64_t x = g.total < INT_MAX ? g.total : INT_MAX;
+  const int64_t y = (g.total + x - 1) / x;
+  if (y > 65535) return false;
+  grid = dim3(static_cast<unsigned>(x), static_cast<unsigned>(y));
+  return true;
+}
+
+// This block's tile: batch b, tile row mt, tile column nt; false past the last tile. Within a batch, bands of
+// kBandRows tile rows are walked column by column.
+__device__ __forceinline__ bool tile_coords(const TileGrid& g, int64_t& b, int64_t& mt, int64_t& nt) {
+  const int64_t t = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  if (t >= g.total) return false;
+  const int64_t per_batch = g.tiles_m * g.tiles_n;
+  b = t / per_batch;
+  const int64_t r = t - b * per_batch;
+  const int64_t first = r / (kBandRows * g.tiles_n) * kBandRows;
+  const int64_t rows = g.tiles_m - first < kBandRows ? g.tiles_m - first : kBandRows;
+  const int64_t in_band = r - first * g.tiles_n;
+  mt = first + in_band % rows;
+  nt = in_band / rows;
+  return true;
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// v1: one thread per element of C
+
+constexpr int kNaiveRows = 8, kNaiveCols = 32;  // block (32, 8): threadIdx.x walks n, so B and C are coalesced
+
+template <typename T>
+__global__ void __launch_bounds__(kNaiveRows* kNaiveCols)
+    matmul_v1_naive_kernel(const __grid_constant__ MatmulArgs<T> p, const __grid_constant__ TileGrid g) {
+  using A = acc_t<T>;
+  int64_t b, mt, nt;
+  if (!tile_coords(g, b, mt, nt)) return;
+  const int64_t i = mt * kNaiveRows + threadIdx.y, j = nt * kNaiveCols + threadIdx.x;
+  if (i >= p.m || j >= p.n) return;
+  const T* a = p.a + b * p.a_bs + i * p.a_rs;
+  const T* bp = p.b + b * p.b_bs + j * p.b_cs;
+  A acc = A(0);
+  for (int64_t q = 0; q < p.k; ++q, a += p.a_cs, bp += p.b_rs) acc = mac(to_acc(*a), to_acc(*bp), acc);
+  store_epilogue(p, b, i, j, acc);
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// v2: 32x32 tiles through shared memory, one thread per element of C
+
+constexpr int kTile2 = 32;
+
+template <typename T>
+__global__ void __launch_bounds__(kTile2* kTile2)
+    matmul_v2_smem_tiled_kernel(const __grid_constant__ MatmulArgs<T> p, const __grid_constant__ TileGrid g) {
+  using A = acc_t<T>;
+  // Thread (ty, tx) stores As[ty][tx] = A[m0 + ty, k0 + tx] and Bs[ty][tx] = B[k0 + ty, n0 + tx], then reads
+  // As[ty][*] (one address per warp: a broadcast) and Bs[*][tx] (consecutive words): no bank conflicts.
+  __shared__ A As[kTile2][kTile2];
+  __shared__ A Bs[kTile2][kTile2];
+  int64_t b, mt, nt;
+  if (!tile_coords(g, b, mt, nt)) return;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t i = mt * kTile2 + ty, j = nt * kTile2 + tx;
+  const T* a = p.a + b * p.a_bs + i * p.a_rs;   // row i of A, read only when i < m
+  const T* bc = p.b + b * p.b_bs + j * p.b_cs;  // column j of B, read only when j < n
+  A acc = A(0);
+  for (int64_t k0 = 0; k0 < p.k; k0 += kTile2) {
+    As[ty][tx] = (i < p.m && k0 + tx < p.k) ? to_acc(a[(k0 + tx) * p.a_cs]) : A(0);
+    Bs[ty][tx] = (k0 + ty < p.k && j < p.n) ? to_acc(bc[(k0 + ty) * p.b_rs]) : A(0);
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kTile2; ++kk) acc = mac(As[ty][kk], Bs[kk][tx], acc);
+    __syncthreads();
+  }
+  if (i < p.m && j < p.n) store_epilogue(p, b, i, j, acc);
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// v3 / v4 / v5: block tiles in shared memory, thread tiles in registers
+//
+// Shared-memory tiles are k-major: As[kk * LDA + mm] holds A[m0 + mm, k0 + kk], Bs[kk * LDB + nn] holds
+// B[k0 + kk, n0 + nn], both in the accumulation type (half / bfloat16 are widened once, on the way in).
+
+// How one operand travels from global memory to a shared-memory tile.
+enum class Load : int {
+  vec_k,   // 16-byte vectors along k (A row-major, B column-major), stored transposed
+  vec_mn,  // 16-byte vectors along m / n (A column-major, B row-major), stored as they come
+  scalar_k,   // one element at a time through both strides, consecutive threads walking k
+  scalar_mn,  // the same, consecutive threads walking m / n (coalesced when that stride is the small one)
+};
+
+// A tile loader moves one ROWS x BK tile of an operand (ROWS along m for A, along n for B) into a k-major smem tile
+// s[kk * LD + r]: init() points it at the tile's first row; load(k_left, s) fetches the tile at the current k and
+// steps one tile along k; store(s) then writes what load staged in registers. The copy into s is complete once
+// wait() has returned (and visible to the block after the next barrier). Rows at or past `rows` and k past `k_left`
+// load as 0; load<true> is for tiles known to be full along k (every one but the last, unless BK divides k).
+// NT threads share the work; s_mn is the stride between rows (a_rs, or b_cs), s_k the stride along k.
+template <Load MODE, typename T, int ROWS, int BK, int NT, int LD>
+struct TileLoader;
+
+// The vector loaders stage 16-byte vectors as raw uint4 words: kept as Vec<__half, 8>, the compiler would give
+// each half a register of its own.
+template <typename T>
+__device__ __forceinline__ uint4 load_raw(const T* src) {
+  return *reinterpret_cast<const uint4*>(src);
+}
+template <typename T, int N>
+__device__ __forceinline__ uint4 to_raw(const Vec<T, N>& v) {
+  static_assert(sizeof(v) == 16, "16-byte vectors");
+  uint4 w;
+  memcpy(&w, &v, 16);
+  return w;
+}
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> from_raw(const uint4& w) {
+  Vec<T, N> v;
+  memcpy(&v, &w, 16);
+  return v;
+}
+
+// cp.async (sm_80+): 16 bytes from global straight to shared memory, bypassing registers and L1; the first `bytes`
+// are copied and the rest zero-filled (bytes == 0 reads nothing). The host version is for host-side emulation only.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define TORCHEXT_SIMT_CP_ASYNC 1
+#else
+#define TORCHEXT_SIMT_CP_ASYNC 0
+#endif
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(bytes)
+               : "memory");
+#elif !defined(__CUDA_ARCH__)
+  memcpy(dst, src, bytes);
+  memset(static_cast<char*>(dst) + bytes, 0, 16 - bytes);
+#endif
+}
+// Waits for this thread's copies; a barrier after it publishes them to the block.
+__device__ __forceinline__ void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
+template <typename T, int ROWS, int BK, int NT, int LD>
+struct TileLoader<Load::vec_k, T, ROWS, BK, NT, LD> {
+  using A = acc_t<T>;
+  static constexpr int VEC = kVec16<T>;
+  static constexpr int KV = BK / VEC;             // vectors per row of the tile
+  static constexpr int KVP = KV < 2 ? KV : 2;     // of those, taken by neighbouring threads (32 bytes: a sector)
+  static constexpr int TOTAL = ROWS * KV;
+  static constexpr int ITERS = (TOTAL + NT - 1) / NT;
+  static_assert(BK % VEC == 0, "BK must hold whole 16-byte vectors");
+  using V = Vec<T, VEC>;
+
+  uint4 reg[ITERS];
+  const T* src[ITERS];
+  bool row_ok[ITERS];
+
+  // Vector `it` of this thread: row r, k offset kv * VEC. A warp takes KVP vectors of each of 32 / KVP consecutive
+  // rows: full sectors from global memory, and the transposing stores land on 32 distinct banks (LD = ROWS + 4).
+  __device__ __forceinline__ static void slot(int it, int& r, int& kv) {
+    const int idx = static_cast<int>(threadIdx.x) + it * NT;
+    const int rest = idx / KVP;
+    r = rest % ROWS;
+    kv = rest / ROWS * KVP + idx % KVP;
+  }
+  __device__ __forceinline__ static bool live(int it) {
+    return TOTAL % NT == 0 || static_cast<int>(threadIdx.x) + it * NT < TOTAL;
+  }
+
+  __device__ __forceinline__ void init(const T* base, int64_t s_mn, int64_t /*s_k == 1*/, int rows) {
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      int r, kv;
+      slot(it, r, kv);
+      src[it] = base + r * s_mn + kv * VEC;
+      row_ok[it] = live(it) && r < rows;
+    }
+  }
+  template <bool FULL>
+  __device__ __forceinline__ void load(int k_left, A* /*s*/) {
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      int r, kv;
+      slot(it, r, kv);
+      const int kp = kv * VEC;
+      if (FULL || kp + VEC <= k_left) {
+        reg[it] = row_ok[it] ? load_raw(src[it]) : make_uint4(0, 0, 0, 0);
+      } else {
+        V v;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) v.v[e] = (row_ok[it] && kp + e < k_left) ? src[it][e] : from_acc<T>(A(0));
+        reg[it] = to_raw(v);
+      }
+      src[it] += BK;
+    }
+  }
+  __device__ __forceinline__ void store(A* s) const {
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      if (!live(it)) continue;
+      int r, kv;
+      slot(it, r, kv);
+      const V v = from_raw<T, VEC>(reg[it]);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) s[(kv * VEC + e) * LD + r] = to_acc(v.v[e]);
+    }
+  }
+  __device__ __forceinline__ void wait() const {}
+};
+
+template <typename T, int ROWS, int BK, int NT, int LD>
+struct TileLoader<Load::vec_mn, T, ROWS, BK, NT, LD> {
+  using A = acc_t<T>;
+  static constexpr int VEC = kVec16<T>;
+  static constexpr int RV = ROWS / VEC;  // vectors per k row of the tile
+  static constexpr int TOTAL = BK * RV;
+  static constexpr int ITERS = (TOTAL + NT - 1) / NT;
+  static constexpr int W = 16 / static_cast<int>(sizeof(A));  // accumulator elements per 16-byte smem store
+  // Float and double land in smem as they are: cp.async copies them without registers or store instructions.
+  // Half and bfloat16 are widened on the way, through registers.
+  static constexpr bool ASYNC = TORCHEXT_SIMT_CP_ASYNC && sizeof(T) == sizeof(A);
+  static_assert(ROWS % VEC == 0 && VEC % W == 0, "tile rows must hold whole 16-byte vectors");
+  static_assert(LD % W == 0, "smem rows must stay 16-byte aligned");
+  using V = Vec<T, VEC>;
+
+  uint4 reg[ASYNC ? 1 : ITERS];
+  const T* src[ITERS];
+  int64_t step;  // BK * s_k
+  int rows;
+
+  // Vector `it` of this thread: k row kk, rows rv * VEC ..; consecutive threads take consecutive vectors of a row.
+  __device__ __forceinline__ static void slot(int it, int& kk, int& rv) {
+    const int idx = static_cast<int>(threadIdx.x) + it * NT;
+    rv = idx % RV;
+    kk = idx / RV;
+  }
+  __device__ __forceinline__ static bool live(int it) {
+    return TOTAL % NT == 0 || static_cast<int>(threadIdx.x) + it * NT < TOTAL;
+  }
+
+  __device__ __forceinline__ void init(const T* base, int64_t /*s_mn == 1*/, int64_t s_k, int rows_) {
+    rows = rows_;
+    step = BK * s_k;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      int kk, rv;
+      slot(it, kk, rv);
+      src[it] = base + rv * VEC + kk * s_k;
+    }
+  }
+  template <bool FULL>
+  __device__ __forceinline__ void load(int k_left, A* s) {
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      int kk, rv;
+      slot(it, kk, rv);
+      const bool k_ok = live(it) && (FULL || kk < k_left);
+      const int r0 = rv * VEC;
+      if constexpr (ASYNC) {
+        if (live(it)) {
+          const int n = rows - r0 < VEC ? (rows - r0 > 0 ? rows - r0 : 0) : VEC;  // elements in range
+          cp_async16(s + kk * LD + r0, src[it], k_ok ? n * static_cast<int>(sizeof(T)) : 0);
+        }
+      } else if (r0 + VEC <= rows) {
+        reg[it] = k_ok ? load_raw(src[it]) : make_uint4(0, 0, 0, 0);
+      } else {
+        V v;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) v.v[e] = (k_ok && r0 + e < rows) ? src[it][e] : from_acc<T>(A(0));
+        reg[it] = to_raw(v);
+      }
+      src[it] += step;
+    }
+  }
+  __device__ __forceinline__ void store(A* s) const {
+    if constexpr (!ASYNC) {
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        if (!live(it)) continue;
+        int kk, rv;
+        slot(it, kk, rv);
+        A* d = s + kk * LD + rv * VEC;
+        const V v = from_raw<T, VEC>(reg[it]);
+#pragma unroll
+        for (int c = 0; c < VEC / W; ++c) {
+          Vec<A, W> w;
+#pragma unroll
+          for (int e = 0; e < W; ++e) w.v[e] = to_acc(v.v[c * W + e]);
+          *reinterpret_cast<Vec<A, W>*>(d + c * W) = w;
+        }
+      }
+    }
+  }
+  __device__ __forceinline__ void wait() const {
+    if constexpr (ASYNC) cp_async_wait_all();
+  }
+};
+
+// The scalar loaders. With KFAST, thread t takes rows t / BK + it * NT / BK at k offset t % BK: consecutive threads
+// walk k. Otherwise it takes row t % ROWS at k offsets t / ROWS + it * NT / ROWS: consecutive threads walk rows.
+template <bool KFAST, typename T, int ROWS, int BK, int NT, int LD>
+struct ScalarTileLoader {
+  using A = acc_t<T>;
+  static_assert(NT % ROWS == 0 && NT % BK == 0 && ROWS * BK % NT == 0, "threads must tile the operand tile evenly");
+  static constexpr int ITERS = ROWS * BK / NT;
+  static constexpr int DR = KFAST ? NT / BK : 0, DK = KFAST ? 0 : NT / ROWS;  // from one element to the next
+
+  T reg[ITERS];
+  const T* src;     // the thread's first element in the current k tile
+  int64_t it_step;  // from one of its elements to the next
+  int64_t k_step;   // from one k tile to the next: BK * s_k
+  unsigned row_ok;  // bit it: element it lies in a row < rows
+
+  __device__ __forceinline__ static int r0() { return KFAST ? threadIdx.x / BK : threadIdx.x % ROWS; }
+  __device__ __forceinline__ static int kk0() { return KFAST ? threadIdx.x % BK : threadIdx.x / ROWS; }
+
+  __device__ __forceinline__ void init(const T* base, int64_t s_mn, int64_t s_k, int rows) {
+    src = base + r0() * s_mn + kk0() * s_k;
+    it_step = DR * s_mn + DK * s_k;
+    k_step = BK * s_k;
+    row_ok = 0;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) row_ok |= (r0() + it * DR < rows ? 1u : 0u) << it;
+  }
+  template <bool FULL>
+  __device__ __forceinline__ void load(int k_left, A* /*s*/) {
+    const T* q = src;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it, q += it_step) {
+      const bool ok = (row_ok >> it & 1u) && (FULL || kk0() + it * DK < k_left);
+      reg[it] = ok ? *q : from_acc<T>(A(0));
+    }
+    src += k_step;
+  }
+  __device__ __forceinline__ void store(A* s) const {
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) s[(kk0() + it * DK) * LD + r0() + it * DR] = to_acc(reg[it]);
+  }
+  __device__ __forceinline__ void wait() const {}
+};
+template <typename T, int ROWS, int BK, int NT, int LD>
+struct TileLoader<Load::scalar_k, T, ROWS, BK, NT, LD> : ScalarTileLoader<true, T, ROWS, BK, NT, LD> {};
+template <typename T, int ROWS, int BK, int NT, int LD>
+struct TileLoader<Load::scalar_mn, T, ROWS, BK, NT, LD> : ScalarTileLoader<false, T, ROWS, BK, NT, LD> {};
+
+// Block tile BM x BN x BK, split into (BM / GM) x (BN / GN) thread groups of TGM x TGN threads; a group's GM x GN tile
+// is covered by its threads in VW x VW patches, ITM x ITN of them per thread, patch (i, j) of thread (tm, tn) at
+// rows i * TGM * VW + tm * VW and columns j * TGN * VW + tn * VW. VW is also the width of the inner loop's smem
+// reads. STAGES = 2 double-buffers the smem tiles. PAD is added to each smem row (LDA = BM + PAD, LDB = BN + PAD).
+template <int BM_, int BN_, int BK_, int GM_, int GN_, int TGM_, int TGN_, int VW_, int PAD_, int STAGES_,
+          int MIN_BLOCKS_>
+struct TileConfig {
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, GM = GM_, GN = GN_, TGM = TGM_, TGN = TGN_, VW = VW_;
+  static constexpr int STAGES = STAGES_, MIN_BLOCKS = MIN_BLOCKS_;
+  static constexpr int GROUPS_N = BN / GN, THREADS = (BM / GM) * GROUPS_N * TGM * TGN;
+  static constexpr int ITM = GM / (TGM * VW), ITN = GN / (TGN * VW), TM = ITM * VW, TN = ITN * VW;
+  static constexpr int LDA = BM + PAD_, LDB = BN + PAD_;
+  static_assert(BM % GM == 0 && BN % GN == 0 && GM % (TGM * VW) == 0 && GN % (TGN * VW) == 0, "tile shapes");
+  static_assert(STAGES == 1 || STAGES == 2, "one or two smem buffers");
+};
+
+// Per-dtype shapes. Float-accumulating types (float, half, bfloat16) share one set; double has half the block
+// edge (its patches are 4x4: 8x8 doubles would need 128 registers for the accumulators alone).
+//                                 BM   BN   BK  GM   GN   TGM TGN VW PAD ST MINB
+using V3Float = TileConfig<128, 128, 8, 128, 128, 16, 16, 1, 4, 1, 2>;
+using V3Double = TileConfig<64, 64, 8, 64, 64, 16, 16, 1, 2, 1, 2>;
+using V4Float = TileConfig<128, 128, 8, 128, 128, 16, 16, 4, 4, 2, 2>;
+using V4Double = TileConfig<64, 64, 8, 64, 64, 16, 16, 2, 4, 2, 2>;
+// v5 for float-accumulating types. TORCHEXT_MATMUL_V5_CONFIG picks the shape at build time:
+//   0 (default)  128x128x8,  8 warps as 4x2 of 32x64, lanes 4x8, thread 8x8 (2x2 patches of 4x4), 2 blocks / SM
+//   1            128x128x16, the same warps: half the barriers and loop overhead per flop, twice the smem
+//   2            128x128x8,  8 warps as 2x4 of 64x32, lanes 8x4 (the same reads, transposed)
+//   3            128x64x8,   4 warps as 4x1 of 32x64: twice the blocks (a shorter tail at the end of the grid), 4 / SM
+// All four read 128 + 64 bytes of smem per warp and k step; all fit 128 registers (2 blocks of 256 threads per SM)
+// with no spills for float with every loader pair (CUDA 13.0, sm_90a and sm_80). Config 2 spills for half /
+// bfloat16 with the vector loaders (they widen in registers), config 1 for some float loader pairs.
+#ifndef TORCHEXT_MATMUL_V5_CONFIG
+#define TORCHEXT_MATMUL_V5_CONFIG 0
+#endif
+#if TORCHEXT_MATMUL_V5_CONFIG == 1
+using V5Float = TileConfig<128, 128, 16, 32, 64, 4, 8, 4, 4, 2, 2>;
+#elif TORCHEXT_MATMUL_V5_CONFIG == 2
+using V5Float = TileConfig<128, 128, 8, 64, 32, 8, 4, 4, 4, 2, 2>;
+#elif TORCHEXT_MATMUL_V5_CONFIG == 3
+using V5Float = TileConfig<128, 64, 8, 32, 64, 4, 8, 4, 4, 2, 4>;
+#else
+using V5Float = TileConfig<128, 128, 8, 32, 64, 4, 8, 4, 4, 2, 2>;
+#endif
+// v5 for double: 8 warps as 2x4 of 32x16, lanes 8x4, thread 4x4 (2x2 patches of 2x2).
+using V5Double = TileConfig<64, 64, 8, 32, 16, 8, 4, 2, 4, 2, 2>;
+static_assert(V5Float::TGM * V5Float::TGN == 32 && V5Double::TGM * V5Double::TGN == 32, "v5 groups are warps");
+
+template <typename T>
+using V3Config = std::conditional_t<std::is_same_v<acc_t<T>, double>, V3Double, V3Float>;
+template <typename T>
+using V4Config = std::conditional_t<std::is_same_v<acc_t<T>, double>, V4Double, V4Float>;
+template <typename T>
+using V5Config = std::conditional_t<std::is_same_v<acc_t<T>, double>, V5Double, V5Float>;
+
+// One BK step of the block tile for this thread: ITM + ITN VW-wide smem reads, TM x TN FMAs per kk.
+template <class C, typename A>
+__device__ __forceinline__ void compute_tile(const A* __restrict__ As, const A* __restrict__ Bs,
+                                             A (&acc)[C::TM][C::TN], int a_off, int b_off) {
+  using V = Vec<A, C::VW>;
+#pragma unroll
+  for (int kk = 0; kk < C::BK; ++kk) {
+    A a[C::TM], b[C::TN];
+#pragma unroll
+    for (int i = 0; i < C::ITM; ++i) {
+      const V v = *reinterpret_cast<const V*>(As + kk * C::LDA + a_off + i * C::TGM * C::VW);
+#pragma unroll
+      for (int e = 0; e < C::VW; ++e) a[i * C::VW + e] = v.v[e];
+    }
+#pragma unroll
+    for (int j = 0; j < C::ITN; ++j) {
+      const V v = *reinterpret_cast<const V*>(Bs + kk * C::LDB + b_off + j * C::TGN * C::VW);
+#pragma unroll
+      for (int e = 0; e < C::VW; ++e) b[j * C::VW + e] = v.v[e];
+    }
+#pragma unroll
+    for (int i = 0; i < C::TM; ++i) {
+#pragma unroll
+      for (int j = 0; j < C::TN; ++j) acc[i][j] = mac(a[i], b[j], acc[i][j]);
+    }
+  }
+}
+
+// Stores an N-element vector to global memory as one access of its size. Plain C++ stores get split into scalar
+// ones here: the optimizer merges them with the element-by-element tail path next to them.
+template <typename T, int N>
+__device__ __forceinline__ void store_vec(T* dst, const Vec<T, N>& v) {
+  constexpr int BYTES = sizeof(Vec<T, N>);
+  static_assert(BYTES == 16 || BYTES == 8 || N == 1, "vectors of 1 element, 8 or 16 bytes");
+#if defined(__CUDA_ARCH__)
+  if constexpr (BYTES == 16) {
+    uint4 w;
+    memcpy(&w, &v, 16);
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w)
+                 : "memory");
+    return;
+  } else if constexpr (BYTES == 8) {
+    uint2 w;
+    memcpy(&w, &v, 8);
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(dst), "r"(w.x), "r"(w.y) : "memory");
+    return;
+  }
+#endif
+  memcpy(dst, &v, BYTES);  // one element, or host-side emulation
+}
+
+// store_epilogue for N consecutive columns j .. j + N - 1 of row i (those < n): the same function, z = acc + bias,
+// aux = z, C = act(z), computed element by element; stored as one N-wide vector when `vec` (C, aux, c_rs and c_bs
+// aligned to N elements) and all N columns are in range, else element by element.
+template <typename T, typename A, int N>
+__device__ __forceinline__ void store_epilogue_n(const MatmulArgs<T>& p, int64_t b, int64_t i, int64_t j,
+                                                 const Vec<A, N>& acc, bool vec) {
+  Vec<T, N> z, y;
+#pragma unroll
+  for (int e = 0; e < N; ++e) {
+    A ze = acc.v[e];
+    if (p.bias != nullptr && j + e < p.n) ze += static_cast<A>(p.bias[j + e]);
+    z.v[e] = static_cast<T>(ze);
+    y.v[e] = static_cast<T>(apply_activation(ze, p.act));
+  }
+  const int64_t off = b * p.c_bs + i * p.c_rs + j;
+  if (N > 1 && vec && j + N <= p.n) {
+    if (p.aux != nullptr) store_vec(p.aux + off, z);
+    store_vec(p.c + off, y);
+  } else {
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      if (j + e >= p.n) break;
+      if (p.aux != nullptr) p.aux[off + e] = z.v[e];
+      p.c[off + e] = y.v[e];
+    }
+  }
+}
+
+// The body of v3, v4 and v5. The k loop streams BK-deep slices of A and B through shared memory (double-buffered
+// when STAGES == 2) into the thread's TM x TN accumulators. The epilogue then goes through shared memory in TM
+// rounds: in round (i, ii) every thread writes row ii of its patches i (TN values) into an R x BN stage, and the
+// block stores the stage row by row, consecutive threads on consecutive VW-wide vectors, so each warp writes whole
+// 512-byte runs of a row of C; the activation code sits in one loop instead of being unrolled over all TM x TN.
+template <typename T, class C, Load LA, Load LB>
+__device__ __forceinline__ void tiled_gemm(const MatmulArgs<T>& p, const TileGrid& g) {
+  using A = acc_t<T>;
+  constexpr int A_TILE = C::BK * C::LDA, B_TILE = C::BK * C::LDB;
+  constexpr int R = C::BM / C::GM * C::TGM;                        // stage rows: one per thread row of the block
+  constexpr int LDS = C::BN + 64 / static_cast<int>(sizeof(A));  // rows a half bank-sweep apart: no conflicts
+  constexpr int MAIN = C::STAGES * (A_TILE + B_TILE), SMEM = MAIN > R * LDS ? MAIN : R * LDS;
+  __shared__ __align__(16) A smem[SMEM];
+
+  int64_t b, mt, nt;
+  if (!tile_coords(g, b, mt, nt)) return;
+  const int64_t m0 = mt * C::BM, n0 = nt * C::BN;
+  const int tid = threadIdx.x;
+  const int group = tid / (C::TGM * C::TGN), lane = tid % (C::TGM * C::TGN);
+  const int a_off = group / C::GROUPS_N * C::GM + lane / C::TGN * C::VW;  // first row of this thread's patches
+  const int b_off = group % C::GROUPS_N * C::GN + lane % C::TGN * C::VW;  // first column
+  const int64_t ktiles = (p.k + C::BK - 1) / C::BK;
+  auto As = [&](int stage) { return smem + stage * A_TILE; };
+  auto Bs = [&](int stage) { return smem + C::STAGES * A_TILE + stage * B_TILE; };
+
+  TileLoader<LA, T, C::BM, C::BK, C::THREADS, C::LDA> la;
+  TileLoader<LB, T, C::BN, C::BK, C::THREADS, C::LDB> lb;
+  la.init(p.a + b * p.a_bs + m0 * p.a_rs, p.a_rs, p.a_cs, static_cast<int>(p.m - m0 < C::BM ? p.m - m0 : C::BM));
+  lb.init(p.b + b * p.b_bs + n0 * p.b_cs, p.b_cs, p.b_rs, static_cast<int>(p.n - n0 < C::BN ? p.n - n0 : C::BN));
+
+  A acc[C::TM][C::TN];
+#pragma unroll
+  for (int i = 0; i < C::TM; ++i) {
+#pragma unroll
+    for (int j = 0; j < C::TN; ++j) acc[i][j] = A(0);
+  }
+
+  // Tiles before the last are full along k, and so is the last when BK divides k.
+  const int last_left = static_cast<int>(p.k - (ktiles - 1) * C::BK);
+  auto load = [&](int64_t kt, int stage) {
+    if (kt + 1 < ktiles || last_left == C::BK) {
+      la.template load<true>(C::BK, As(stage));
+      lb.template load<true>(C::BK, Bs(stage));
+    } else {
+      la.template load<false>(last_left, As(stage));
+      lb.template load<false>(last_left, Bs(stage));
+    }
+  };
+  auto store = [&](int stage) {
+    la.store(As(stage));
+    lb.store(Bs(stage));
+  };
+  auto wait = [&] {
+    la.wait();
+    lb.wait();
+  };
+
+  if constexpr (C::STAGES == 2) {
+    // Tile kt + 1 is fetched before tile kt is computed (into registers, or by cp.async straight into the other
+    // buffer) and stored into the other buffer after: that buffer was last read in step kt - 1, which ended with the
+    // barrier.
+    if (ktiles > 0) {
+      load(0, 0);
+      store(0);
+    }
+    wait();
+    __syncthreads();
+    for (int64_t kt = 0; kt < ktiles; ++kt) {
+      const int cur = static_cast<int>(kt & 1);
+      const bool more = kt + 1 < ktiles;
+      if (more) load(kt + 1, cur ^ 1);
+      compute_tile<C>(As(cur), Bs(cur), acc, a_off, b_off);
+      if (more) store(cur ^ 1);
+      wait();
+      __syncthreads();
+    }
+  } else {
+    for (int64_t kt = 0; kt < ktiles; ++kt) {
+      load(kt, 0);
+      store(0);
+      wait();
+      __syncthreads();
+      compute_tile<C>(As(0), Bs(0), acc, a_off, b_off);
+      __syncthreads();
+    }
+  }
+
+  // Epilogue (the k loop ended with a barrier, so the stage may overwrite the operand tiles). Stage row sr holds
+  // tile row sr / TGM * GM + i * TGM * VW + sr % TGM * VW + ii in round (i, ii).
+  using V = Vec<A, C::VW>;
+  constexpr int CV = C::BN / C::VW;  // vectors per stage row
+  A* const stage = smem;
+  const int s_row = group / C::GROUPS_N * C::TGM + lane / C::TGN;
+#pragma unroll
+  for (int i = 0; i < C::ITM; ++i) {
+#pragma unroll
+    for (int ii = 0; ii < C::VW; ++ii) {
+      if (i + ii > 0) __syncthreads();  // the previous round's stage has been stored
+#pragma unroll
+      for (int j = 0; j < C::ITN; ++j) {
+        V v;
+#pragma unroll
+        for (int e = 0; e < C::VW; ++e) v.v[e] = acc[i * C::VW + ii][j * C::VW + e];
+        *reinterpret_cast<V*>(stage + s_row * LDS + b_off + j * C::TGN * C::VW) = v;
+      }
+      __syncthreads();
+#pragma unroll 1
+      for (int idx = tid; idx < R * CV; idx += C::THREADS) {
+        const int sr = idx / CV, cv = idx % CV;
+        const int64_t row = m0 + sr / C::TGM * C::GM + i * C::TGM * C::VW + sr % C::TGM * C::VW + ii;
+        const int64_t col = n0 + cv * C::VW;
+        if (row < p.m && col < p.n) {
+          store_epilogue_n<T, A, C::VW>(p, b, row, col, *reinterpret_cast<const V*>(stage + sr * LDS + cv * C::VW),
+                                        g.c_vec);
+        }
+      }
+    }
+  }
+}
+
+template <typename T, class C, Load LA, Load LB>
+__global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
+    matmul_v3_register_blocked_kernel(const __grid_constant__ MatmulArgs<T> p, const __grid_constant__ TileGrid g) {
+  tiled_gemm<T, C, LA, LB>(p, g);
+}
+
+template <typename T, class C, Load LA, Load LB>
+__global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
+    matmul_v4_vectorized_kernel(const __grid_constant__ MatmulArgs<T> p, const __grid_constant__ TileGrid g) {
+  tiled_gemm<T, C, LA, LB>(p, g);
+}
+
+template <typename T, class C, Load LA, Load LB>
+__global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
+    matmul_v5_warp_tiled_kernel(const __grid_constant__ MatmulArgs<T> p, const __grid_constant__ TileGrid g) {
+  tiled_gemm<T, C, LA, LB>(p, g);
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Launch
+
+// The loader for one operand: base pointer, stride between rows (m for A, n for B), stride along k, batch stride,
+// the extents. 16-byte vectors need a unit stride along one dimension and every vector start aligned: the base,
+// the other stride (unless that dimension is a single row) and the batch stride (unless there is one batch).
+// Otherwise one element at a time, consecutive threads walking the dimension with the smaller stride.
+template <typename T>
+Load pick_load(const T* base, int64_t s_mn, int64_t s_k, int64_t s_b, int64_t mn, int64_t k, int64_t batch) {
+  constexpr int64_t V = kVec16<T>;
+  const bool base_ok = aligned_to(base, 16) && (batch <= 1 || s_b % V == 0);
+  const bool k_ok = base_ok && s_k == 1 && (mn <= 1 || s_mn % V == 0);
+  const bool mn_ok = base_ok && s_mn == 1 && (k <= 1 || s_k % V == 0);
+  if (k_ok && (!mn_ok || k >= mn)) return Load::vec_k;
+  if (mn_ok) return Load::vec_mn;
+  return (s_k < 0 ? -s_k : s_k) <= (s_mn < 0 ? -s_mn : s_mn) ? Load::scalar_k : Load::scalar_mn;
+}
+
+// v3 loads one element at a time, walking the same dimension the vector loaders would.
+Load scalar_only(Load l) { return l == Load::vec_k ? Load::scalar_k : l == Load::vec_mn ? Load::scalar_mn : l; }
+
+template <typename T>
+bool c_vec_ok(const MatmulArgs<T>& p, int vw) {
+  const size_t bytes = static_cast<size_t>(vw) * sizeof(T);
+  return aligned_to(p.c, bytes) && (p.aux == nullptr || aligned_to(p.aux, bytes)) && (p.m <= 1 || p.c_rs % vw == 0) &&
+         (p.batch <= 1 || p.c_bs % vw == 0);
+}
+
+template <int VERSION, typename T, class C, Load LA, Load LB>
+void launch_tiled(const MatmulArgs<T>& p, const TileGrid& g, cudaStream_t stream) {
+  dim3 grid;
+  tile_launch_grid(g, grid);  // matmul_simt_supported checked that it fits
+  if constexpr (VERSION == 3) {
+    matmul_v3_register_blocked_kernel<T, C, LA, LB><<<grid, C::THREADS, 0, stream>>>(p, g);
+  } else if constexpr (VERSION == 4) {
+    matmul_v4_vectorized_kernel<T, C, LA, LB><<<grid, C::THREADS, 0, stream>>>(p, g);
+  } else {
+    matmul_v5_warp_tiled_kernel<T, C, LA, LB><<<grid, C::THREADS, 0, stream>>>(p, g);
+  }
+}
+
+template <int VERSION, typename T, class C, Load LA>
+void launch_tiled(const MatmulArgs<T>& p, const TileGrid& g, Load lb, cudaStream_t stream) {
+  switch (lb) {
+    case Load::vec_k:
+      if constexpr (VERSION != 3) return launch_tiled<VERSION, T, C, LA, Load::vec_k>(p, g, stream);
+      break;
+    case Load::vec_mn:
+      if constexpr (VERSION != 3) return launch_tiled<VERSION, T, C, LA, Load::vec_mn>(p, g, stream);
+      break;
+    case Load::scalar_k:
+      return launch_tiled<VERSION, T, C, LA, Load::scalar_k>(p, g, stream);
+    default:
+      return launch_tiled<VERSION, T, C, LA, Load::scalar_mn>(p, g, stream);
+  }
+}
+
+// v3 reads both operands with the scalar loaders; v4 and v5 pick a loader per operand.
+template <int VERSION, typename T, class C>
+void launch_tiled(const MatmulArgs<T>& p, cudaStream_t stream) {
+  TileGrid g = make_grid(p.batch, p.m, p.n, C::BM, C::BN);
+  Load la = pick_load(p.a, p.a_rs, p.a_cs, p.a_bs, p.m, p.k, p.batch);
+  Load lb = pick_load(p.b, p.b_cs, p.b_rs, p.b_bs, p.n, p.k, p.batch);
+  if constexpr (VERSION == 3) {
+    la = scalar_only(la);
+    lb = scalar_only(lb);
+  } else {
+    g.c_vec = c_vec_ok(p, C::VW);
+  }
+  switch (la) {
+    case Load::vec_k:
+      if constexpr (VERSION != 3) return launch_tiled<VERSION, T, C, Load::vec_k>(p, g, lb, stream);
+      break;
+    case Load::vec_mn:
+      if constexpr (VERSION != 3) return launch_tiled<VERSION, T, C, Load::vec_mn>(p, g, lb, stream);
+      break;
+    case Load::scalar_k:
+      return launch_tiled<VERSION, T, C, Load::scalar_k>(p, g, lb, stream);
+    default:
+      return launch_tiled<VERSION, T, C, Load::scalar_mn>(p, g, lb, stream);
+  }
+}
+
+// The tiles of `kernel`'s grid for these sizes.
+template <typename T>
+TileGrid version_grid(MatmulKernel kernel, const MatmulArgs<T>& p) {
+  switch (kernel) {
+    case MatmulKernel::naive:
+      return make_grid(p.batch, p.m, p.n, kNaiveRows, kNaiveCols);
+    case MatmulKernel::smem_tiled:
+      return make_grid(p.batch, p.m, p.n, kTile2, kTile2);
+    case MatmulKernel::register_blocked:
+      return make_grid(p.batch, p.m, p.n, V3Config<T>::BM, V3Config<T>::BN);
+    case MatmulKernel::vectorized:
+      return make_grid(p.batch, p.m, p.n, V4Config<T>::BM, V4Config<T>::BN);
+    default:
+      return make_grid(p.batch, p.m, p.n, V5Config<T>::BM, V5Config<T>::BN);
+  }
+}
+
+}  // namespace
+
+template <typename T>
+bool matmul_simt_supported(MatmulKernel kernel, const MatmulArgs<T>& args, const char** why) {
+  switch (kernel) {
+    case MatmulKernel::naive:
+    case MatmulKernel::smem_tiled:
+    case MatmulKernel::register_blocked:
+    case MatmulKernel::vectorized:
+    case MatmulKernel::warp_tiled:
+      break;
+    default:
+      if (why) *why = "not a CUDA-core kernel";
+      return false;
+  }
+  if (args.m < 0 || args.n < 0 || args.k < 0 || args.batch < 0) {
+    if (why) *why = "negative size";
+    return false;
+  }
+  dim3 grid;
+  if (!tile_launch_grid(version_grid(kernel, args), grid)) {
+    if (why) *why = "more output tiles than one launch can hold";
+    return false;
+  }
+  return true;
+}
+
+template <typename T>
+cudaError_t matmul_simt(MatmulKernel kernel, const MatmulArgs<T>& args, cudaStream_t stream) {
+  if (!matmul_simt_supported(kernel, args, nullptr)) return cudaErrorNotSupported;
+  if (args.m == 0 || args.n == 0 || args.batch == 0) return cudaSuccess;
+  switch (kernel) {
+    case MatmulKernel::naive: {
+      const TileGrid g = version_grid(kernel, args);
+      dim3 grid;
+      tile_launch_grid(g, grid);
+      matmul_v1_naive_kernel<T><<<grid, dim3(kNaiveCols, kNaiveRows), 0, stream>>>(args, g);
+      break;
+    }
+    case MatmulKernel::smem_tiled: {
+      const TileGrid g = version_grid(kernel, args);
+      dim3 grid;
+      tile_launch_grid(g, grid);
+      matmul_v2_smem_tiled_kernel<T><<<grid, dim3(kTile2, kTile2), 0, stream>>>(args, g);
+      break;
+    }
+    case MatmulKernel::register_blocked:
+      launch_tiled<3, T, V3Config<T>>(args, stream);
+      break;
+    case MatmulKernel::vectorized:
+      launch_tiled<4, T, V4Config<T>>(args, stream);
+      break;
+    default:
+      launch_tiled<5, T, V5Config<T>>(args, stream);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+#define TORCHEXT_INSTANTIATE_MATMUL_SIMT(T)                                                   \
+  template bool matmul_simt_supported<T>(MatmulKernel, const MatmulArgs<T>&, const char**); \
+  template cudaError_t matmul_simt<T>(MatmulKernel, const MatmulArgs<T>&, cudaStream_t);
+TORCHEXT_INSTANTIATE_MATMUL_SIMT(float)
+TORCHEXT_INSTANTIATE_MATMUL_SIMT(double)
+TORCHEXT_INSTANTIATE_MATMUL_SIMT(__half)
+TORCHEXT_INSTANTIATE_MATMUL_SIMT(__nv_bfloat16)
+#undef TORCHEXT_INSTANTIATE_MATMUL_SIMT
+
+}  // namespace torchext::cuda_ops
