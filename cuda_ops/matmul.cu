@@ -86,10 +86,56 @@ MatmulKernel matmul_default_kernel(const MatmulArgs<T>& args) {
   return MatmulKernel::naive;
 }
 
+namespace {
+
+constexpr int kTransposeTile = 32, kTransposeRowsPerPass = 8;
+
+template <typename T>
+__global__ void __launch_bounds__(kTransposeTile* kTransposeRowsPerPass)
+    transpose_copy_kernel(const T* __restrict__ src, int64_t rows, int64_t cols, int64_t src_cs, int64_t src_bs,
+                          T* __restrict__ dst, int64_t col_tiles) {
+  __shared__ T tile[kTransposeTile][kTransposeTile + 1];  // +1: the transposed reads hit 32 different banks
+  const int64_t b = blockIdx.z;
+  const int64_t r0 = int64_t(blockIdx.y) * kTransposeTile;
+  for (int64_t ct = blockIdx.x; ct < col_tiles; ct += gridDim.x) {
+    const int64_t c0 = ct * kTransposeTile;
+    // Read along the source's contiguous dimension (rows)...
+#pragma unroll
+    for (int i = 0; i < kTransposeTile; i += kTransposeRowsPerPass) {
+      const int64_t r = r0 + threadIdx.x, c = c0 + threadIdx.y + i;
+      if (r < rows && c < cols) tile[threadIdx.y + i][threadIdx.x] = src[b * src_bs + r + c * src_cs];
+    }
+    __syncthreads();
+    // ...write along the destination's (cols).
+#pragma unroll
+    for (int i = 0; i < kTransposeTile; i += kTransposeRowsPerPass) {
+      const int64_t r = r0 + threadIdx.y + i, c = c0 + threadIdx.x;
+      if (r < rows && c < cols) dst[(b * rows + r) * cols + c] = tile[threadIdx.x][threadIdx.y + i];
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t transpose_copy(const T* src, int64_t rows, int64_t cols, int64_t src_cs, int64_t batch, int64_t src_bs,
+                           T* dst, cudaStream_t stream) {
+  if (rows == 0 || cols == 0 || batch == 0) return cudaSuccess;
+  const int64_t row_tiles = (rows + kTransposeTile - 1) / kTransposeTile;
+  const int64_t col_tiles = (cols + kTransposeTile - 1) / kTransposeTile;
+  if (row_tiles > 65535 || batch > 65535) return cudaErrorNotSupported;
+  const dim3 grid(unsigned(col_tiles < 65535 ? col_tiles : 65535), unsigned(row_tiles), unsigned(batch));
+  transpose_copy_kernel<T><<<grid, dim3(kTransposeTile, kTransposeRowsPerPass), 0, stream>>>(src, rows, cols, src_cs,
+                                                                                           src_bs, dst, col_tiles);
+  return cudaGetLastError();
+}
+
 #define TORCHEXT_INSTANTIATE_MATMUL(T)                                                            \
   template bool matmul_supported<T>(MatmulKernel, const MatmulArgs<T>&, const char**);           \
   template cudaError_t matmul<T>(MatmulKernel, const MatmulArgs<T>&, cudaStream_t);              \
-  template MatmulKernel matmul_default_kernel<T>(const MatmulArgs<T>&);
+  template MatmulKernel matmul_default_kernel<T>(const MatmulArgs<T>&);                          \
+  template cudaError_t transpose_copy<T>(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, T*, cudaStream_t);
 TORCHEXT_INSTANTIATE_MATMUL(float)
 TORCHEXT_INSTANTIATE_MATMUL(double)
 TORCHEXT_INSTANTIATE_MATMUL(__half)

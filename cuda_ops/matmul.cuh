@@ -99,3 +99,14 @@ cudaError_t linear_backward_epilogue(const T* grad_out, const T* saved, T* grad_
 size_t linear_backward_epilogue_workspace_bytes(int64_t m, int64_t n);
 
 }  // namespace torchext::cuda_ops
+
+namespace torchext::cuda_ops {
+
+// dst (batch, rows, cols), contiguous, from a source whose rows are its contiguous dimension: dst[b][r][c] =
+// src[b * src_bs + r + c * src_cs]. A tiled transpose through shared memory, coalesced on both sides. Used to give
+// tf32 wgmma the K-major operand it needs (32-bit wgmma operands are K-major only) when the input is M/N-major.
+template <typename T>
+cudaError_t transpose_copy(const T* src, int64_t rows, int64_t cols, int64_t src_cs, int64_t batch, int64_t src_bs,
+                           T* dst, cudaStream_t stream);
+
+}  // namespace torchext::cuda_ops

@@ -269,6 +269,28 @@ def test_matmul_tf32_accuracy(kernel):
 
 
 @gpu
+@pytest.mark.parametrize("a_t", [False, True], ids=["a_rowmajor", "a_colmajor"])
+@pytest.mark.parametrize("b_t", [False, True], ids=["b_rowmajor", "b_colmajor"])
+@pytest.mark.parametrize("batch", [None, 3], ids=["2d", "batched"])
+def test_matmul_tf32_default_every_layout(a_t, b_t, batch):
+    """tf32 wgmma reads K-major operands only; the default path transposes the others into K-major copies
+    (cuda_ops::transpose_copy) on sm_90. Every layout, 2-D and batched with b broadcast: same accuracy bound."""
+    lead = () if batch is None else (batch,)
+    a = make_tensor((*lead, 300, 200), torch.float32, "cuda")
+    b = make_tensor((200, 136), torch.float32, "cuda")
+    if a_t:
+        a = a.mT().contiguous().mT()
+    if b_t:
+        b = b.mT().contiguous().mT()
+    if batch is not None:
+        b = b.expand(batch, 200, 136)
+    with allow_tf32(True):
+        c = torchext.matmul(a, b)
+        theirs = torch.matmul(a, b)
+    assert_accurate(c, theirs, torch.matmul(a.double(), b.double()), f"tf32 default a_t={a_t} b_t={b_t} {batch}")
+
+
+@gpu
 def test_matmul_respects_tf32_setting():
     """With tf32 off (torch's default), float32 stays float32: no tensor-core kernel, float32-level error."""
     a, b = make_tensor((512, 768), torch.float32, "cuda"), make_tensor((768, 384), torch.float32, "cuda")
