@@ -276,14 +276,14 @@ def test_matmul_tf32_default_every_layout(a_t, b_t, batch):
     """tf32 wgmma reads K-major operands only; the default path transposes the others into K-major copies
     (cuda_ops::transpose_copy) on sm_90. Every layout, 2-D and batched with b broadcast: same accuracy bound."""
     lead = () if batch is None else (batch,)
-    a = make_tensor((*lead, 300, 200), torch.float32, "cuda")
-    b = make_tensor((200, 136), torch.float32, "cuda")
+    a = make_tensor((*lead, 512, 768), torch.float32, "cuda")  # sizes where cuBLAS itself uses tf32
+    b = make_tensor((768, 384), torch.float32, "cuda")
     if a_t:
         a = a.mT().contiguous().mT()
     if b_t:
         b = b.mT().contiguous().mT()
     if batch is not None:
-        b = b.expand(batch, 200, 136)
+        b = b.expand(batch, 768, 384)
     with allow_tf32(True):
         c = torchext.matmul(a, b)
         theirs = torch.matmul(a, b)
