@@ -247,6 +247,16 @@ __device__ __forceinline__ TileCoord tile_coord(int t, int tiles_m, int tiles_n)
 // It touches no memory, so the calls do not wait on each other.
 __device__ __noinline__ float activation_out_of_line(float z, Activation act) { return apply_activation(z, act); }
 
+// Four at a time (one accumulator group of the TMA-store epilogue): four independent evaluations per call.
+struct Float4 {
+  float v[4];
+};
+__device__ __noinline__ Float4 activation_out_of_line(Float4 z, Activation act) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) z.v[e] = apply_activation(z.v[e], act);
+  return z;
+}
+
 // Output columns j and j + 1 of row i: z = acc + bias (bias from shared memory), z to aux, act(z) to C.
 template <typename T>
 __device__ __forceinline__ void store_pair(const MatmulArgs<T>& p, bool pair_aligned, const float* bias_tile,
@@ -290,7 +300,8 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256
 template <typename T, bool kAKMajor, bool kBKMajor>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                        const __grid_constant__ CUtensorMap map_c, const MatmulArgs<T> p, int tiles_m, int tiles_n,
+                        const __grid_constant__ CUtensorMap map_c, const __grid_constant__ CUtensorMap map_aux,
+                        const MatmulArgs<T> p, int tiles_m, int tiles_n,
                         int k_tiles, int a_batched, int b_batched, int pair_aligned, int tma_store) {
 #if defined(TORCHEXT_WGMMA_DEVICE)
   extern __shared__ uint8_t smem_raw[];
@@ -405,45 +416,54 @@ __global__ void __launch_bounds__(kThreads, 1)
         constexpr int kChunkCols = kStagingBytes / (64 * int(sizeof(T)));  // 128 halves or 64 floats
         uint8_t* staging = staging_base + consumer * kStagingBytes;
         const int r0 = warp * 16 + lane / 4;  // row within this consumer's 64
+        // With aux (the pre-activation z that gelu / silu backward reads), each chunk goes out twice: z to aux,
+        // then act(z) to C.
+        const int passes = p.aux != nullptr ? 2 : 1;
 #pragma unroll
         for (int q = 0; q < kBN / kChunkCols; ++q) {
-          if (tid == 0) tma_store_wait_read();  // the previous chunk's copy is done reading the buffer
-          asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
+          for (int pass = 0; pass < passes; ++pass) {
+            const bool activate = pass == passes - 1;
+            if (tid == 0) tma_store_wait_read();  // the previous chunk's copy is done reading the buffer
+            asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
 #pragma unroll
-          for (int jj = 0; jj < kChunkCols / 8; ++jj) {
-            const int j = q * (kChunkCols / 8) + jj;
-            const int jt = 8 * j + 2 * (lane % 4);  // column within the tile
-            const int cc = jt - q * kChunkCols;     // column within the chunk
-            const int box = cc / kBoxCols, cb = cc % kBoxCols;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int r = r0 + 8 * h;
-              float z0 = d[4 * j + 2 * h], z1 = d[4 * j + 2 * h + 1];
+            for (int jj = 0; jj < kChunkCols / 8; ++jj) {
+              const int j = q * (kChunkCols / 8) + jj;
+              const int jt = 8 * j + 2 * (lane % 4);  // column within the tile
+              const int cc = jt - q * kChunkCols;     // column within the chunk
+              const int box = cc / kBoxCols, cb = cc % kBoxCols;
+              Float4 z{{d[4 * j], d[4 * j + 1], d[4 * j + 2], d[4 * j + 3]}};  // (row, row + 8) x (jt, jt + 1)
               if (p.bias != nullptr) {
-                z0 += bias_tile[jt];
-                z1 += bias_tile[jt + 1];
+                z.v[0] += bias_tile[jt], z.v[1] += bias_tile[jt + 1];
+                z.v[2] += bias_tile[jt], z.v[3] += bias_tile[jt + 1];
               }
-              if (p.act == Activation::relu) {
-                z0 = math::relu_forward(z0);
-                z1 = math::relu_forward(z1);
-              } else if (p.act != Activation::none) {
-                z0 = activation_out_of_line(z0, p.act);
-                z1 = activation_out_of_line(z1, p.act);
-              }
-              const int byte = cb * int(sizeof(T));
-              uint8_t* dst = staging + box * (64 * kRowBytes) + r * kRowBytes + (((byte / 16) ^ (r % 8)) * 16) + byte % 16;
-              *reinterpret_cast<Vec<T, 2>*>(dst) = Vec<T, 2>{{T(z0), T(z1)}};
-            }
-          }
-          fence_proxy_async();
-          asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
-          if (tid == 0) {
+              if (activate) {
+                if (p.act == Activation::relu) {
 #pragma unroll
-            for (int box = 0; box < kChunkCols / kBoxCols; ++box) {
-              tma_store_3d(&map_c, staging + box * (64 * kRowBytes),
-                           tc.tn * kBN + q * kChunkCols + box * kBoxCols, tc.tm * kBM + consumer * 64, tc.b);
+                  for (int e = 0; e < 4; ++e) z.v[e] = math::relu_forward(z.v[e]);
+                } else if (p.act != Activation::none) {
+                  z = activation_out_of_line(z, p.act);
+                }
+              }
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const int r = r0 + 8 * h;
+                const int byte = cb * int(sizeof(T));
+                uint8_t* dst =
+                    staging + box * (64 * kRowBytes) + r * kRowBytes + (((byte / 16) ^ (r % 8)) * 16) + byte % 16;
+                *reinterpret_cast<Vec<T, 2>*>(dst) = Vec<T, 2>{{T(z.v[2 * h]), T(z.v[2 * h + 1])}};
+              }
             }
-            tma_store_commit();
+            fence_proxy_async();
+            asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
+            if (tid == 0) {
+              const CUtensorMap* map = activate ? &map_c : &map_aux;
+#pragma unroll
+              for (int box = 0; box < kChunkCols / kBoxCols; ++box) {
+                tma_store_3d(map, staging + box * (64 * kRowBytes), tc.tn * kBN + q * kChunkCols + box * kBoxCols,
+                             tc.tm * kBM + consumer * 64, tc.b);
+              }
+              tma_store_commit();
+            }
           }
         }
       } else {
@@ -590,16 +610,22 @@ cudaError_t launch(const MatmulArgs<T>& a, const OperandPlan& pa, const OperandP
                  : make_map(&map_b, a.b, a.n, a.k, b_batched ? a.batch : 1, pb.lead, a.b_bs, bk);
   if (err != cudaSuccess) return err;
 
-  // C through TMA when it can be (plain or bias/relu/gelu/silu epilogue without aux; 16-byte aligned rows).
-  CUtensorMap map_c;
+  // C (and aux, which shares C's strides) through TMA when the rows are 16-byte aligned.
+  CUtensorMap map_c, map_aux;
   std::memset(&map_c, 0, sizeof(map_c));
+  std::memset(&map_aux, 0, sizeof(map_aux));
   constexpr int64_t s = sizeof(T);
   const bool c_batched = a.batch > 1;
-  bool tma_store = a.aux == nullptr && reinterpret_cast<uintptr_t>(a.c) % 16 == 0 && (a.c_rs * s) % 16 == 0 &&
-                   (!c_batched || (a.c_bs * s) % 16 == 0) && (a.m <= 1 || a.c_rs > 0);
+  bool tma_store = reinterpret_cast<uintptr_t>(a.c) % 16 == 0 && (a.c_rs * s) % 16 == 0 &&
+                   (!c_batched || (a.c_bs * s) % 16 == 0) && (a.m <= 1 || a.c_rs > 0) &&
+                   (a.aux == nullptr || reinterpret_cast<uintptr_t>(a.aux) % 16 == 0);
   if (tma_store) {
     tma_store = make_map(&map_c, static_cast<const T*>(a.c), a.n, a.m, c_batched ? a.batch : 1, a.c_rs, a.c_bs, 64,
                          /*round_tf32=*/false) == cudaSuccess;
+  }
+  if (tma_store && a.aux != nullptr) {
+    tma_store = make_map(&map_aux, static_cast<const T*>(a.aux), a.n, a.m, c_batched ? a.batch : 1, a.c_rs, a.c_bs,
+                         64, /*round_tf32=*/false) == cudaSuccess;
   }
   auto kernel = matmul_wgmma_kernel<T, kAKMajor, kBKMajor>;
   static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
@@ -611,7 +637,7 @@ cudaError_t launch(const MatmulArgs<T>& a, const OperandPlan& pa, const OperandP
   const int grid = int(std::min<int64_t>(total, sm_count()));
   const bool pair_aligned = a.c_rs % 2 == 0 && a.c_bs % 2 == 0 && reinterpret_cast<uintptr_t>(a.c) % (2 * sizeof(T)) == 0 &&
                             (a.aux == nullptr || reinterpret_cast<uintptr_t>(a.aux) % (2 * sizeof(T)) == 0);
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, a, tiles_m, tiles_n, k_tiles, a_batched,
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, map_aux, a, tiles_m, tiles_n, k_tiles, a_batched,
                                                  b_batched, pair_aligned, int(tma_store));
   return cudaGetLastError();
 }

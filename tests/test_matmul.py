@@ -279,9 +279,9 @@ def test_matmul_tf32_default_every_layout(a_t, b_t, batch):
     a = make_tensor((*lead, 512, 768), torch.float32, "cuda")  # sizes where cuBLAS itself uses tf32
     b = make_tensor((768, 384), torch.float32, "cuda")
     if a_t:
-        a = a.mT().contiguous().mT()
+        a = a.mT.contiguous().mT
     if b_t:
-        b = b.mT().contiguous().mT()
+        b = b.mT.contiguous().mT
     if batch is not None:
         b = b.expand(batch, 768, 384)
     with allow_tf32(True):
