@@ -24,21 +24,21 @@
 
 using namespace torchext::cuda_ops;
 
-#define CHECK_CUDA(x)                                                                               \
-  do {                                                                                              \
-    cudaError_t e_ = (x);                                                                           \
-    if (e_ != cudaSuccess) {                                                                        \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));      \
-      std::exit(1);                                                                                 \
-    }                                                                                               \
+#define CHECK_CUDA(x)                                                                         \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
   } while (0)
-#define CHECK_CUBLAS(x)                                                                  \
-  do {                                                                                   \
-    cublasStatus_t s_ = (x);                                                             \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                   \
+#define CHECK_CUBLAS(x)                                                                      \
+  do {                                                                                       \
+    cublasStatus_t s_ = (x);                                                                 \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                       \
       std::fprintf(stderr, "%s:%d %s: cublas status %d\n", __FILE__, __LINE__, #x, int(s_)); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
+      std::exit(1);                                                                          \
+    }                                                                                        \
   } while (0)
 
 __device__ inline float hash_uniform(uint64_t i, uint64_t seed) {
@@ -177,13 +177,12 @@ void run_case(cublasHandle_t h, const Case& cs, bool integers) {
 
   // cuBLAS in the same dtype (no epilogue: compare its error only on plain products).
   const float onef = 1, zerof = 0;
-  const cublasComputeType_t ct =
-      std::is_same_v<T, float> ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const cublasComputeType_t ct = std::is_same_v<T, float> ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   auto cublas_run = [&]() {
     for (int64_t bi = 0; bi < batch; ++bi) {
       CHECK_CUBLAS(cublasGemmEx(h, op_b, op_a, n, m, k, &onef, b + (cs.b_broadcast ? 0 : bi * b_size), cuda_type<T>(),
-                                b_ld, a + bi * a_size, cuda_type<T>(), a_ld, &zerof, cb + bi * m * c_ld,
-                                cuda_type<T>(), c_ld, ct, CUBLAS_GEMM_DEFAULT));
+                                b_ld, a + bi * a_size, cuda_type<T>(), a_ld, &zerof, cb + bi * m * c_ld, cuda_type<T>(),
+                                c_ld, ct, CUBLAS_GEMM_DEFAULT));
     }
   };
   double err_cublas = NAN, bad_cublas = 0;
@@ -192,10 +191,11 @@ void run_case(cublasHandle_t h, const Case& cs, bool integers) {
     CHECK_CUDA(cudaDeviceSynchronize());
     measure_error(cb, &err_cublas, &bad_cublas);
   }
-  std::printf("%-5s %5ld x %5ld x %5ld b%ld A%s B%s%s: err %.3e (cuBLAS %.3e) unwritten/NaN %.0f  %s\n", cs.dtype,
-              long(m), long(n), long(k), long(batch), cs.a_kmajor ? "k" : "m", cs.b_kmajor ? "k" : "n",
-              cs.bias_relu ? " +bias+relu" : "", err, err_cublas, bad,
-              (bad == 0 && (integers ? err <= err_cublas : (cs.bias_relu || err <= 2 * err_cublas + 1e-7))) ? "ok" : "FAIL");
+  std::printf(
+      "%-5s %5ld x %5ld x %5ld b%ld A%s B%s%s: err %.3e (cuBLAS %.3e) unwritten/NaN %.0f  %s\n", cs.dtype, long(m),
+      long(n), long(k), long(batch), cs.a_kmajor ? "k" : "m", cs.b_kmajor ? "k" : "n",
+      cs.bias_relu ? " +bias+relu" : "", err, err_cublas, bad,
+      (bad == 0 && (integers ? err <= err_cublas : (cs.bias_relu || err <= 2 * err_cublas + 1e-7))) ? "ok" : "FAIL");
 
   if (cs.timed) {
     cudaEvent_t e0, e1;

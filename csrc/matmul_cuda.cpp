@@ -14,8 +14,8 @@
 // which torch.backends.cuda.matmul.allow_tf32, torch.set_float32_matmul_precision('high' | 'medium') and
 // torch.backends.cuda.matmul.fp32_precision = 'tf32' all set (it is what torch's own cuBLAS calls read; it raises
 // if the legacy and the new settings were mixed into a contradiction, as torch's matmul does).
-#include <ATen/cuda/CUDAContext.h>
 #include <ATen/Context.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <torch/library.h>
 
 #include <iterator>
@@ -164,10 +164,9 @@ at::Tensor k_major(const at::Tensor& t, bool rows_are_k, bool dry_run) {
   if (!dry_run) {
     TORCHEXT_DISPATCH_CUDA_FLOATING(src.scalar_type(), "torchext_transpose_copy", [&] {
       using T = cuda_t<scalar_t>;
-      C10_CUDA_CHECK(cuda_ops::transpose_copy(reinterpret_cast<const T*>(src.const_data_ptr<scalar_t>()), rows, cols,
-                                              src.stride(inner), batch, bs,
-                                              reinterpret_cast<T*>(dst.mutable_data_ptr<scalar_t>()),
-                                              current_stream()));
+      C10_CUDA_CHECK(cuda_ops::transpose_copy(
+          reinterpret_cast<const T*>(src.const_data_ptr<scalar_t>()), rows, cols, src.stride(inner), batch, bs,
+          reinterpret_cast<T*>(dst.mutable_data_ptr<scalar_t>()), current_stream()));
     });
   }
   return rows_are_k ? dst.mT() : dst;

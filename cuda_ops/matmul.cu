@@ -1,12 +1,11 @@
 // The launcher in front of the matmul ladder (cuda_ops/matmul.cuh): names, support checks, the default choice.
-#include "matmul.cuh"
-
-#include "common.cuh"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <type_traits>
+
+#include "common.cuh"
+#include "matmul.cuh"
 
 namespace torchext::cuda_ops {
 
@@ -79,8 +78,8 @@ MatmulKernel matmul_default_kernel(const MatmulArgs<T>& args) {
   if (4 * big_tiles < sm_count() && matmul_supported(MatmulKernel::smem_tiled, args)) {
     return MatmulKernel::smem_tiled;
   }
-  for (MatmulKernel k : {MatmulKernel::warp_tiled, MatmulKernel::vectorized, MatmulKernel::register_blocked,
-                         MatmulKernel::smem_tiled}) {
+  for (MatmulKernel k :
+       {MatmulKernel::warp_tiled, MatmulKernel::vectorized, MatmulKernel::register_blocked, MatmulKernel::smem_tiled}) {
     if (matmul_supported(k, args)) return k;
   }
   return MatmulKernel::naive;
@@ -127,14 +126,14 @@ cudaError_t transpose_copy(const T* src, int64_t rows, int64_t cols, int64_t src
   if (row_tiles > 65535 || batch > 65535) return cudaErrorNotSupported;
   const dim3 grid(unsigned(col_tiles < 65535 ? col_tiles : 65535), unsigned(row_tiles), unsigned(batch));
   transpose_copy_kernel<T><<<grid, dim3(kTransposeTile, kTransposeRowsPerPass), 0, stream>>>(src, rows, cols, src_cs,
-                                                                                           src_bs, dst, col_tiles);
+                                                                                             src_bs, dst, col_tiles);
   return cudaGetLastError();
 }
 
-#define TORCHEXT_INSTANTIATE_MATMUL(T)                                                            \
-  template bool matmul_supported<T>(MatmulKernel, const MatmulArgs<T>&, const char**);           \
-  template cudaError_t matmul<T>(MatmulKernel, const MatmulArgs<T>&, cudaStream_t);              \
-  template MatmulKernel matmul_default_kernel<T>(const MatmulArgs<T>&);                          \
+#define TORCHEXT_INSTANTIATE_MATMUL(T)                                                 \
+  template bool matmul_supported<T>(MatmulKernel, const MatmulArgs<T>&, const char**); \
+  template cudaError_t matmul<T>(MatmulKernel, const MatmulArgs<T>&, cudaStream_t);    \
+  template MatmulKernel matmul_default_kernel<T>(const MatmulArgs<T>&);                \
   template cudaError_t transpose_copy<T>(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, T*, cudaStream_t);
 TORCHEXT_INSTANTIATE_MATMUL(float)
 TORCHEXT_INSTANTIATE_MATMUL(double)

@@ -55,7 +55,7 @@ struct MatmulArgs {
   int64_t c_rs = 0, c_bs = 0;
   const T* bias = nullptr;  // n values added to every row, or nullptr
   Activation act = Activation::none;
-  T* aux = nullptr;  // when set, z (before the activation) is stored here with C's strides
+  T* aux = nullptr;         // when set, z (before the activation) is stored here with C's strides
   bool allow_tf32 = false;  // float only: tensor-core kernels may round A and B to tf32
 };
 
@@ -94,8 +94,8 @@ bool matmul_wgmma_supported(const MatmulArgs<T>& args, const char** why);
 // For act == none grad_z may be nullptr (it equals grad_out) and only the bias gradient is computed.
 // `workspace` holds linear_backward_epilogue_workspace(m, n) floats (0 means none needed).
 template <typename T>
-cudaError_t linear_backward_epilogue(const T* grad_out, const T* saved, T* grad_z, T* grad_bias, int64_t m,
-                                     int64_t n, Activation act, void* workspace, cudaStream_t stream);
+cudaError_t linear_backward_epilogue(const T* grad_out, const T* saved, T* grad_z, T* grad_bias, int64_t m, int64_t n,
+                                     Activation act, void* workspace, cudaStream_t stream);
 size_t linear_backward_epilogue_workspace_bytes(int64_t m, int64_t n);
 
 }  // namespace torchext::cuda_ops

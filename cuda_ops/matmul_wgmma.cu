@@ -32,24 +32,24 @@
 namespace torchext::cuda_ops {
 namespace {
 
-constexpr int kBM = 128;                     // rows of C per tile: two consumer warpgroups of 64
-constexpr int kBN = 256;                     // columns of C per tile: the n of one wgmma
-constexpr int kRowBytes = 128;               // bytes of k per stage and row: one 128-byte swizzle span
+constexpr int kBM = 128;        // rows of C per tile: two consumer warpgroups of 64
+constexpr int kBN = 256;        // columns of C per tile: the n of one wgmma
+constexpr int kRowBytes = 128;  // bytes of k per stage and row: one 128-byte swizzle span
 constexpr int kStages = 4;
 constexpr int kTileBytesA = kBM * kRowBytes;  // 16 KiB
 constexpr int kTileBytesB = kBN * kRowBytes;  // 32 KiB
 constexpr int kStageBytes = kTileBytesA + kTileBytesB;
 constexpr int kChunkBytes = 64 * kRowBytes;  // one 64-wide M- or N-major box of 16-bit values: 8 KiB
 constexpr int kConsumers = 2;
-constexpr int kStagingBytes = 16 * 1024;    // per consumer: the output staging buffer of the TMA-store epilogue
+constexpr int kStagingBytes = 16 * 1024;  // per consumer: the output staging buffer of the TMA-store epilogue
 // Layout: [stages][staging per consumer][full and empty barriers][bias of the tile], from a 1024-aligned base.
 constexpr int kSmemBytes = kStages * kStageBytes + kConsumers * kStagingBytes + 1024 /* alignment slack */ +
                            2 * kStages * 8 /* barriers */ + kBN * 4 /* the tile's bias, as float */;
-constexpr int kThreads = 384;                // producer warpgroup + two consumer warpgroups
-constexpr int kGroupM = 8;                   // tile-rows walked together for L2 reuse
+constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
+constexpr int kGroupM = 8;     // tile-rows walked together for L2 reuse
 
 template <typename T>
-constexpr int kBK = kRowBytes / sizeof(T);   // k per stage: 64 for 16-bit types, 32 for tf32
+constexpr int kBK = kRowBytes / sizeof(T);  // k per stage: 64 for 16-bit types, 32 for tf32
 
 // ---------------------------------------------------------------------------------------------------------------
 // PTX wrappers. Only compiled into the sm_90a image.
@@ -95,8 +95,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 }
 
 // 3-D tile copy global -> shared, completing `box bytes` on `bar`. Coordinates are in elements, innermost first.
-__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
-                                            int c2) {
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
       "[%2];" ::"r"(smem_addr(dst)),
@@ -142,35 +141,35 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[128]) {
   for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-#define TORCHEXT_WGMMA_N256_D_REGS \
-  "{" \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63," \
-  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79," \
-  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95," \
-  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111," \
+#define TORCHEXT_WGMMA_N256_D_REGS                                                                 \
+  "{"                                                                                              \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                          \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"                \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"                \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"                \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"                \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"                \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"    \
   "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
   "}"
 
-#define TORCHEXT_WGMMA_N256_D_OPERANDS(d) \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-  "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
-  "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
-  "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
-  "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
-  "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
-  "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
-  "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
-  "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
-  "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#define TORCHEXT_WGMMA_N256_D_OPERANDS(d)                                                                             \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),         \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),          \
+      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),         \
+      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),         \
+      "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),         \
+      "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),         \
+      "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),         \
+      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),         \
+      "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),         \
+      "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]),         \
+      "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]),         \
+      "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]),         \
+      "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]),    \
+      "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), \
+      "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), \
+      "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 
 // D (64 x 256, float, 128 registers per thread) += A (64 x k) B (k x 256), one instruction per warpgroup.
 template <typename T, bool kTransA, bool kTransB>
@@ -259,8 +258,8 @@ __device__ __noinline__ Float4 activation_out_of_line(Float4 z, Activation act) 
 
 // Output columns j and j + 1 of row i: z = acc + bias (bias from shared memory), z to aux, act(z) to C.
 template <typename T>
-__device__ __forceinline__ void store_pair(const MatmulArgs<T>& p, bool pair_aligned, const float* bias_tile,
-                                           int64_t b, int64_t i, int64_t j, int jt, float v0, float v1) {
+__device__ __forceinline__ void store_pair(const MatmulArgs<T>& p, bool pair_aligned, const float* bias_tile, int64_t b,
+                                           int64_t i, int64_t j, int jt, float v0, float v1) {
   if (i >= p.m || j >= p.n) return;
   const bool both = j + 1 < p.n;
   float z0 = v0, z1 = v1;
@@ -301,8 +300,8 @@ template <typename T, bool kAKMajor, bool kBKMajor>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                         const __grid_constant__ CUtensorMap map_c, const __grid_constant__ CUtensorMap map_aux,
-                        const MatmulArgs<T> p, int tiles_m, int tiles_n,
-                        int k_tiles, int a_batched, int b_batched, int pair_aligned, int tma_store) {
+                        const MatmulArgs<T> p, int tiles_m, int tiles_n, int k_tiles, int a_batched, int b_batched,
+                        int pair_aligned, int tma_store) {
 #if defined(TORCHEXT_WGMMA_DEVICE)
   extern __shared__ uint8_t smem_raw[];
   // 128-byte swizzling repeats every 1024 bytes and is computed from the address: stage buffers start on 1024.
@@ -317,8 +316,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);                  // the producer's arrive; the bytes come from the copies
-      mbar_init(&empty[s], kConsumers * 4);    // one arrive per consumer warp
+      mbar_init(&full[s], 1);                // the producer's arrive; the bytes come from the copies
+      mbar_init(&empty[s], kConsumers * 4);  // one arrive per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -343,13 +342,15 @@ __global__ void __launch_bounds__(kThreads, 1)
             tma_load_3d(sa, &map_a, &full[s], k0, tc.tm * kBM, ba);
           } else {
 #pragma unroll
-            for (int c = 0; c < kBM / 64; ++c) tma_load_3d(sa + c * kChunkBytes, &map_a, &full[s], tc.tm * kBM + c * 64, k0, ba);
+            for (int c = 0; c < kBM / 64; ++c)
+              tma_load_3d(sa + c * kChunkBytes, &map_a, &full[s], tc.tm * kBM + c * 64, k0, ba);
           }
           if constexpr (kBKMajor) {
             tma_load_3d(sb, &map_b, &full[s], k0, tc.tn * kBN, bb);
           } else {
 #pragma unroll
-            for (int c = 0; c < kBN / 64; ++c) tma_load_3d(sb + c * kChunkBytes, &map_b, &full[s], tc.tn * kBN + c * 64, k0, bb);
+            for (int c = 0; c < kBN / 64; ++c)
+              tma_load_3d(sb + c * kChunkBytes, &map_b, &full[s], tc.tn * kBN + c * 64, k0, bb);
           }
         }
       }
@@ -412,7 +413,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // Through shared memory and the copy engine: each thread writes its pairs into a 128-byte-swizzled staging
         // buffer (conflict-free), one thread stores it with TMA, and the warpgroup goes back to the main loop while
         // the copy drains. Chunks of kChunkCols columns, each two boxes of 64 rows x 128 bytes.
-        constexpr int kBoxCols = kRowBytes / int(sizeof(T));   // 64 halves or 32 floats
+        constexpr int kBoxCols = kRowBytes / int(sizeof(T));               // 64 halves or 32 floats
         constexpr int kChunkCols = kStagingBytes / (64 * int(sizeof(T)));  // 128 halves or 64 floats
         uint8_t* staging = staging_base + consumer * kStagingBytes;
         const int r0 = warp * 16 + lane / 4;  // row within this consumer's 64
@@ -518,7 +519,7 @@ CUtensorMapDataType tma_dtype() {
 // element stride of the other one. X is (rows, cols) = A (m, k) or B^T (n, k), so K-major means cols are inner.
 struct OperandPlan {
   bool k_major = true;
-  int64_t lead = 0;   // stride between k rows (M/N-major) or m/n rows (K-major), in elements
+  int64_t lead = 0;  // stride between k rows (M/N-major) or m/n rows (K-major), in elements
   bool ok = false;
 };
 
@@ -560,7 +561,8 @@ bool check_args(const MatmulArgs<T>& a, OperandPlan& pa, OperandPlan& pb, const 
     // B is (k, n); as an operand it is B^T = (n, k) with row stride b_cs and column stride b_rs.
     pb = plan_operand(a.n, a.k, a.b_cs, a.b_rs);
     if (!pa.ok || !pb.ok)
-      return fail("an operand has no unit stride, or a zero stride (TMA reads a contiguous inner dimension and distinct rows)");
+      return fail(
+          "an operand has no unit stride, or a zero stride (TMA reads a contiguous inner dimension and distinct rows)");
     if (std::is_same_v<T, float> && (!pa.k_major || !pb.k_major))
       return fail("tf32 wgmma reads K-major operands only (A row-major, B column-major)");
     constexpr int64_t s = sizeof(T);
@@ -624,8 +626,8 @@ cudaError_t launch(const MatmulArgs<T>& a, const OperandPlan& pa, const OperandP
                          /*round_tf32=*/false) == cudaSuccess;
   }
   if (tma_store && a.aux != nullptr) {
-    tma_store = make_map(&map_aux, static_cast<const T*>(a.aux), a.n, a.m, c_batched ? a.batch : 1, a.c_rs, a.c_bs,
-                         64, /*round_tf32=*/false) == cudaSuccess;
+    tma_store = make_map(&map_aux, static_cast<const T*>(a.aux), a.n, a.m, c_batched ? a.batch : 1, a.c_rs, a.c_bs, 64,
+                         /*round_tf32=*/false) == cudaSuccess;
   }
   auto kernel = matmul_wgmma_kernel<T, kAKMajor, kBKMajor>;
   static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
@@ -635,7 +637,8 @@ cudaError_t launch(const MatmulArgs<T>& a, const OperandPlan& pa, const OperandP
   const int64_t total = int64_t(tiles_m) * tiles_n * a.batch;
   if (total >= (int64_t(1) << 31)) return cudaErrorNotSupported;
   const int grid = int(std::min<int64_t>(total, sm_count()));
-  const bool pair_aligned = a.c_rs % 2 == 0 && a.c_bs % 2 == 0 && reinterpret_cast<uintptr_t>(a.c) % (2 * sizeof(T)) == 0 &&
+  const bool pair_aligned = a.c_rs % 2 == 0 && a.c_bs % 2 == 0 &&
+                            reinterpret_cast<uintptr_t>(a.c) % (2 * sizeof(T)) == 0 &&
                             (a.aux == nullptr || reinterpret_cast<uintptr_t>(a.aux) % (2 * sizeof(T)) == 0);
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, map_aux, a, tiles_m, tiles_n, k_tiles, a_batched,
                                                  b_batched, pair_aligned, int(tma_store));
@@ -660,13 +663,14 @@ cudaError_t matmul_wgmma(const MatmulArgs<T>& args, cudaStream_t stream) {
   } else if constexpr (std::is_same_v<T, float>) {
     return launch<T, true, true>(args, pa, pb, stream);
   } else {
-    if (pa.k_major) return pb.k_major ? launch<T, true, true>(args, pa, pb, stream) : launch<T, true, false>(args, pa, pb, stream);
+    if (pa.k_major)
+      return pb.k_major ? launch<T, true, true>(args, pa, pb, stream) : launch<T, true, false>(args, pa, pb, stream);
     return pb.k_major ? launch<T, false, true>(args, pa, pb, stream) : launch<T, false, false>(args, pa, pb, stream);
   }
 }
 
-#define TORCHEXT_INSTANTIATE_WGMMA(T)                                                        \
-  template bool matmul_wgmma_supported<T>(const MatmulArgs<T>&, const char**);              \
+#define TORCHEXT_INSTANTIATE_WGMMA(T)                                          \
+  template bool matmul_wgmma_supported<T>(const MatmulArgs<T>&, const char**); \
   template cudaError_t matmul_wgmma<T>(const MatmulArgs<T>&, cudaStream_t);
 TORCHEXT_INSTANTIATE_WGMMA(float)
 TORCHEXT_INSTANTIATE_WGMMA(double)
