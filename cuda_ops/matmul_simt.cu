@@ -26,10 +26,10 @@
 //                        cp.async straight into shared memory for an m / n-contiguous float or double operand on
 //                        sm_80+). The 16x16 thread grid spans the block: thread (ty, tx) owns the 4x4 patches at rows
 //                        ty*4 + 64 i and columns tx*4 + 64 j (i, j < 2).
-//   v5 warp_tiled        the same pipeline with the block tile split into warp tiles (64x32) and each warp tile
-//                        among its lanes (8x4 lanes, each owning 2x2 patches of 4x4): a warp's smem reads per k step
-//                        touch 128 + 64 bytes (one wavefront each) instead of v4's 32 + 256. Shapes tuned for
-//                        H100/H200 FP32; see V5Float below for the alternatives.
+//   v5 warp_tiled        the same pipeline with the block tile split into warp tiles (32x64) and each warp tile
+//                        among its lanes (4x8 lanes, each owning 2x2 patches of 4x4): a warp's smem reads per k step
+//                        touch 64 + 128 bytes (one wavefront each) instead of v4's 32 + 256. Shapes for H100/H200
+//                        FP32; see V5Float below for the alternatives.
 //
 // v4 and v5 read an operand with 16-byte vectors when it is contiguous along k (A row-major, B column-major) or
 // along m / n (A column-major, B row-major) and its base pointer, its other stride and its batch stride keep every
@@ -40,12 +40,12 @@
 // Scheduling, shared by all versions: one block per output tile, numbered over batch x tile rows x tile columns
 // (grid.x, then grid.y only past 2^31 - 1 tiles, so the 65535 limit on grid.y / grid.z never binds) and walked in
 // bands of 8 tile rows so that blocks running together share rows of A and columns of B in L2.
+#include <climits>
+#include <type_traits>
+
 #include "common.cuh"
 #include "matmul.cuh"
 #include "matmul_epilogue.cuh"
-
-#include <climits>
-#include <type_traits>
 
 namespace torchext::cuda_ops {
 namespace {
@@ -160,8 +160,8 @@ __global__ void __launch_bounds__(kTile2* kTile2)
 
 // How one operand travels from global memory to a shared-memory tile.
 enum class Load : int {
-  vec_k,   // 16-byte vectors along k (A row-major, B column-major), stored transposed
-  vec_mn,  // 16-byte vectors along m / n (A column-major, B row-major), stored as they come
+  vec_k,      // 16-byte vectors along k (A row-major, B column-major), stored transposed
+  vec_mn,     // 16-byte vectors along m / n (A column-major, B row-major), stored as they come
   scalar_k,   // one element at a time through both strides, consecutive threads walking k
   scalar_mn,  // the same, consecutive threads walking m / n (coalesced when that stride is the small one)
 };
@@ -204,9 +204,10 @@ __device__ __forceinline__ Vec<T, N> from_raw(const uint4& w) {
 #endif
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
-               "l"(src), "r"(bytes)
-               : "memory");
+  asm volatile(
+      "cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+      "l"(src), "r"(bytes)
+      : "memory");
 #elif !defined(__CUDA_ARCH__)
   memcpy(dst, src, bytes);
   memset(static_cast<char*>(dst) + bytes, 0, 16 - bytes);
@@ -223,8 +224,8 @@ template <typename T, int ROWS, int BK, int NT, int LD>
 struct TileLoader<Load::vec_k, T, ROWS, BK, NT, LD> {
   using A = acc_t<T>;
   static constexpr int VEC = kVec16<T>;
-  static constexpr int KV = BK / VEC;             // vectors per row of the tile
-  static constexpr int KVP = KV < 2 ? KV : 2;     // of those, taken by neighbouring threads (32 bytes: a sector)
+  static constexpr int KV = BK / VEC;          // vectors per row of the tile
+  static constexpr int KVP = KV < 2 ? KV : 2;  // of those, taken by neighbouring threads (32 bytes: a sector)
   static constexpr int TOTAL = ROWS * KV;
   static constexpr int ITERS = (TOTAL + NT - 1) / NT;
   static_assert(BK % VEC == 0, "BK must hold whole 16-byte vectors");
@@ -450,9 +451,10 @@ using V4Double = TileConfig<64, 64, 8, 64, 64, 16, 16, 2, 4, 2, 2>;
 //   1            128x128x16, the same warps: half the barriers and loop overhead per flop, twice the smem
 //   2            128x128x8,  8 warps as 2x4 of 64x32, lanes 8x4 (the same reads, transposed)
 //   3            128x64x8,   4 warps as 4x1 of 32x64: twice the blocks (a shorter tail at the end of the grid), 4 / SM
-// All four read 128 + 64 bytes of smem per warp and k step; all fit 128 registers (2 blocks of 256 threads per SM)
-// with no spills for float with every loader pair (CUDA 13.0, sm_90a and sm_80). Config 2 spills for half /
-// bfloat16 with the vector loaders (they widen in registers), config 1 for some float loader pairs.
+// All four read 128 + 64 bytes of smem per warp and k step and are capped at 128 registers (2 blocks of 256 threads,
+// or 4 of 128, per SM). With CUDA 13.0 on sm_90a and sm_80, configs 0 and 3 compile without spills for every dtype
+// and loader pair; config 2 spills for half / bfloat16 with both vector loaders (they widen in registers), config
+// 1 for half / bfloat16 and for float with a scalar loader (row-major float, the benchmarked case, is clean).
 #ifndef TORCHEXT_MATMUL_V5_CONFIG
 #define TORCHEXT_MATMUL_V5_CONFIG 0
 #endif
@@ -478,8 +480,8 @@ using V5Config = std::conditional_t<std::is_same_v<acc_t<T>, double>, V5Double, 
 
 // One BK step of the block tile for this thread: ITM + ITN VW-wide smem reads, TM x TN FMAs per kk.
 template <class C, typename A>
-__device__ __forceinline__ void compute_tile(const A* __restrict__ As, const A* __restrict__ Bs,
-                                             A (&acc)[C::TM][C::TN], int a_off, int b_off) {
+__device__ __forceinline__ void compute_tile(const A* __restrict__ As, const A* __restrict__ Bs, A (&acc)[C::TM][C::TN],
+                                             int a_off, int b_off) {
   using V = Vec<A, C::VW>;
 #pragma unroll
   for (int kk = 0; kk < C::BK; ++kk) {
@@ -558,13 +560,14 @@ __device__ __forceinline__ void store_epilogue_n(const MatmulArgs<T>& p, int64_t
 // The body of v3, v4 and v5. The k loop streams BK-deep slices of A and B through shared memory (double-buffered
 // when STAGES == 2) into the thread's TM x TN accumulators. The epilogue then goes through shared memory in TM
 // rounds: in round (i, ii) every thread writes row ii of its patches i (TN values) into an R x BN stage, and the
-// block stores the stage row by row, consecutive threads on consecutive VW-wide vectors, so each warp writes whole
-// 512-byte runs of a row of C; the activation code sits in one loop instead of being unrolled over all TM x TN.
+// block stores the stage row by row, consecutive threads on consecutive VW-wide vectors, so each warp writes one
+// contiguous run of a row of C (512 bytes for float); the activation code sits in one loop instead of being
+// unrolled over all TM x TN accumulators.
 template <typename T, class C, Load LA, Load LB>
 __device__ __forceinline__ void tiled_gemm(const MatmulArgs<T>& p, const TileGrid& g) {
   using A = acc_t<T>;
   constexpr int A_TILE = C::BK * C::LDA, B_TILE = C::BK * C::LDB;
-  constexpr int R = C::BM / C::GM * C::TGM;                        // stage rows: one per thread row of the block
+  constexpr int R = C::BM / C::GM * C::TGM;                      // stage rows: one per thread row of the block
   constexpr int LDS = C::BN + 64 / static_cast<int>(sizeof(A));  // rows a half bank-sweep apart: no conflicts
   constexpr int MAIN = C::STAGES * (A_TILE + B_TILE), SMEM = MAIN > R * LDS ? MAIN : R * LDS;
   __shared__ __align__(16) A smem[SMEM];
@@ -852,7 +855,7 @@ cudaError_t matmul_simt(MatmulKernel kernel, const MatmulArgs<T>& args, cudaStre
   return cudaGetLastError();
 }
 
-#define TORCHEXT_INSTANTIATE_MATMUL_SIMT(T)                                                   \
+#define TORCHEXT_INSTANTIATE_MATMUL_SIMT(T)                                                 \
   template bool matmul_simt_supported<T>(MatmulKernel, const MatmulArgs<T>&, const char**); \
   template cudaError_t matmul_simt<T>(MatmulKernel, const MatmulArgs<T>&, cudaStream_t);
 TORCHEXT_INSTANTIATE_MATMUL_SIMT(float)
