@@ -200,6 +200,11 @@ def _matmul_targets(rs):
 
     def best_tc(dtype):
         vals = [(pct(f"torchext-{k}", dtype), k) for k in TENSOR_CORE_KERNELS]
+        # The default path counts too when it runs a tensor-core kernel: for tf32 on Hopper it is wgmma after a
+        # K-major copy of an N-major B (wgmma reads 32-bit operands K-major only), which a named kernel never makes.
+        chosen = rs.unit("matmul", "torchext", "NN", s4096, dtype, "kernel")
+        if chosen in TENSOR_CORE_KERNELS:
+            vals.append((pct("torchext", dtype), f"default: {chosen}"))
         vals = [v for v in vals if v[0] is not None]
         return max(vals) if vals else (None, None)
 
