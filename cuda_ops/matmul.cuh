@@ -88,11 +88,11 @@ cudaError_t matmul_wgmma(const MatmulArgs<T>& args, cudaStream_t stream);
 template <typename T>
 bool matmul_wgmma_supported(const MatmulArgs<T>& args, const char** why);
 
-// Linear backward's elementwise half, one pass over grad_out (m rows of n, row stride ld for all three):
+// Linear backward's elementwise half, one pass over grad_out (m rows of n, all three contiguous row-major):
 //   grad_z = grad_out * act'(saved)       saved = y for relu, z (aux) for gelu / gelu_tanh / silu
 //   grad_bias[j] = sum_i grad_z[i, j]    when grad_bias != nullptr (deterministic, fixed order)
 // For act == none grad_z may be nullptr (it equals grad_out) and only the bias gradient is computed.
-// `workspace` holds linear_backward_epilogue_workspace(m, n) floats (0 means none needed).
+// `workspace` holds linear_backward_epilogue_workspace_bytes(m, n) bytes (0 means none needed).
 template <typename T>
 cudaError_t linear_backward_epilogue(const T* grad_out, const T* saved, T* grad_z, T* grad_bias, int64_t m, int64_t n,
                                      Activation act, void* workspace, cudaStream_t stream);
