@@ -18,11 +18,12 @@
 #include <vector>
 
 #include "checks.h"
+#include "matmul_args.h"
 
 namespace torchext {
 
-// The epilogue's activation, in the order of cuda_ops::Activation (the CUDA wrapper casts between the two).
-enum class MatmulActivation : int { none = 0, relu, gelu, gelu_tanh, silu };
+// The epilogue's activation: the engine's own enum (cuda_ops/matmul_args.h), shared by both backends.
+using MatmulActivation = cuda_ops::Activation;
 
 inline MatmulActivation parse_activation(std::string_view op, std::string_view name) {
   if (name == "none") return MatmulActivation::none;

@@ -55,20 +55,9 @@
 namespace torchext {
 namespace {
 
-// The engine's arguments (cuda_ops::MatmulArgs, which this file cannot include without the CUDA headers).
+// The engine's arguments, the same struct the CUDA launchers take (cuda_ops/matmul_args.h).
 template <typename T>
-struct GemmArgs {
-  int64_t m = 0, n = 0, k = 0, batch = 1;
-  const T* a = nullptr;
-  int64_t a_rs = 0, a_cs = 0, a_bs = 0;
-  const T* b = nullptr;
-  int64_t b_rs = 0, b_cs = 0, b_bs = 0;
-  T* c = nullptr;
-  int64_t c_rs = 0, c_bs = 0;
-  const T* bias = nullptr;
-  MatmulActivation act = MatmulActivation::none;
-  T* aux = nullptr;
-};
+using GemmArgs = cuda_ops::MatmulArgs<T>;
 
 // ---------------------------------------------------------------------------------------------------------------
 // Micro-kernels

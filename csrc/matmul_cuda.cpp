@@ -35,16 +35,8 @@ namespace {
 
 using cuda_ops::MatmulKernel;
 
-static_assert(static_cast<int>(cuda_ops::Activation::none) == static_cast<int>(MatmulActivation::none) &&
-                  static_cast<int>(cuda_ops::Activation::relu) == static_cast<int>(MatmulActivation::relu) &&
-                  static_cast<int>(cuda_ops::Activation::gelu) == static_cast<int>(MatmulActivation::gelu) &&
-                  static_cast<int>(cuda_ops::Activation::gelu_tanh) == static_cast<int>(MatmulActivation::gelu_tanh) &&
-                  static_cast<int>(cuda_ops::Activation::silu) == static_cast<int>(MatmulActivation::silu),
-              "MatmulActivation must list cuda_ops::Activation's values in order");
 static_assert(static_cast<size_t>(MatmulKernel::count) == std::size(kCudaMatmulKernelNames),
               "kCudaMatmulKernelNames must name every cuda_ops::MatmulKernel");
-
-cuda_ops::Activation to_cuda(MatmulActivation act) { return static_cast<cuda_ops::Activation>(static_cast<int>(act)); }
 
 // The kernel named by `kernel`, or nullopt for the engine's default choice.
 std::optional<MatmulKernel> parse_kernel(std::string_view op, const std::optional<c10::string_view>& kernel) {
@@ -90,7 +82,7 @@ MatmulKernel run_plan(std::string_view op, const MatmulPlan& plan, const at::Ten
   args.c_rs = plan.c_rs;
   args.c_bs = plan.c_bs;
   args.bias = bias.defined() ? cuda_ptr<scalar_t>(bias) : nullptr;
-  args.act = to_cuda(act);
+  args.act = act;
   args.allow_tf32 = std::is_same_v<T, float> && at::globalContext().allowTF32CuBLAS();
   const T* a0 = cuda_ptr<scalar_t>(a);
   const T* b0 = cuda_ptr<scalar_t>(b);
@@ -252,7 +244,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_backward_cuda(const at::Te
         C10_CUDA_CHECK(cuda_ops::linear_backward_epilogue(
             cuda_ptr<scalar_t>(g), s.defined() ? cuda_ptr<scalar_t>(s) : nullptr,
             act == MatmulActivation::none ? nullptr : cuda_mutable_ptr<scalar_t>(gz),
-            need_bias ? cuda_mutable_ptr<scalar_t>(gb) : nullptr, M, N, to_cuda(act),
+            need_bias ? cuda_mutable_ptr<scalar_t>(gb) : nullptr, M, N, act,
             ws_bytes > 0 ? workspace.mutable_data_ptr() : nullptr, current_stream()));
       });
     }

@@ -23,6 +23,8 @@
 
 #include <cstdint>
 
+#include "matmul_args.h"
+
 namespace torchext::cuda_ops {
 
 enum class MatmulKernel : int {
@@ -38,26 +40,6 @@ enum class MatmulKernel : int {
 
 // Name used by the op's `kernel=` argument and the benchmark ("naive", "smem_tiled", ...).
 const char* matmul_kernel_name(MatmulKernel kernel);
-
-enum class Activation : int { none = 0, relu, gelu, gelu_tanh, silu };
-
-template <typename T>
-struct MatmulArgs {
-  int64_t m = 0, n = 0, k = 0, batch = 1;
-  // Element (i, p) of A in batch b is a[b * a_bs + i * a_rs + p * a_cs]; likewise B (k x n). A batch stride of
-  // 0 broadcasts that operand over the batch.
-  const T* a = nullptr;
-  int64_t a_rs = 0, a_cs = 0, a_bs = 0;
-  const T* b = nullptr;
-  int64_t b_rs = 0, b_cs = 0, b_bs = 0;
-  // Element (i, j) of C in batch b is c[b * c_bs + i * c_rs + j].
-  T* c = nullptr;
-  int64_t c_rs = 0, c_bs = 0;
-  const T* bias = nullptr;  // n values added to every row, or nullptr
-  Activation act = Activation::none;
-  T* aux = nullptr;         // when set, z (before the activation) is stored here with C's strides
-  bool allow_tf32 = false;  // float only: tensor-core kernels may round A and B to tf32
-};
 
 // Whether `kernel` can run `args` on the current device: dtype, architecture, tf32 permission, and the
 // alignment and stride rules of its loads. `why`, when given, receives a short reason on false.
