@@ -318,22 +318,6 @@ def warm_up_gpu(device, seconds=1.0):
         torch.cuda.synchronize()
 
 
-def env_for(device: str) -> dict:
-    try:
-        return environment(device)
-    except ImportError:  # torchext not built: environment() reads its version
-        import datetime
-
-        gpu = torch.cuda.get_device_name(torch.device(device)) if device != "cpu" else f"cpu ({os.cpu_count()} cores)"
-        return {
-            "gpu": gpu,
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda or "",
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "version": "not built",
-        }
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="4096 ladder (+ layouts), the Linear table, CPU: ~1 min")
@@ -391,7 +375,7 @@ def main(argv=None):
         raise SystemExit("torchext was built without CUDA (TORCHEXT_CUDA=0 or no toolkit); rebuild to benchmark GPUs")
     here = os.path.dirname(os.path.abspath(__file__))
     out = args.out or os.path.join(here, "results", f"matmul_{'gpu' if gpu else 'cpu'}.csv")
-    env = env_for("cuda" if gpu else "cpu")
+    env = environment("cuda" if gpu else "cpu")
     writer = CsvWriter(out, env)
     # CPU rows go to the same file with the CPU in the gpu column and the run's date, so one report reads both.
     cpu_env = dict(env, gpu=f"cpu ({os.cpu_count()} cores, {torch.get_num_threads()} threads)")

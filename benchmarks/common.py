@@ -124,15 +124,21 @@ def device_time_fn(fn, device: str, warmup: int = 3, reps: int = 10) -> Timing:
 
 
 def environment(device: str) -> dict:
-    import torchext
+    """What every CSV row records about the run: device name, torch, CUDA, date and torchext's version ("not
+    built" when the package cannot be imported, so torch's own rows can still be written)."""
+    try:
+        import torchext
 
+        version = torchext.__version__
+    except ImportError:
+        version = "not built"
     gpu = torch.cuda.get_device_name(torch.device(device)) if device != "cpu" else f"cpu ({os.cpu_count()} cores)"
     return {
         "gpu": gpu,
         "torch": torch.__version__,
         "cuda": torch.version.cuda or "",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "version": torchext.__version__,
+        "version": version,
     }
 
 
