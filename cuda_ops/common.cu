@@ -15,4 +15,18 @@ int sm_count() {
   return cached[device];
 }
 
+int compute_capability() {
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  if (device < kMaxDevices && cached[device] != 0) return cached[device];
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    return 0;
+  }
+  if (device < kMaxDevices) cached[device] = 10 * major + minor;  // benign race: every thread writes the same value
+  return 10 * major + minor;
+}
+
 }  // namespace torchext::cuda_ops

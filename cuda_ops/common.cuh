@@ -44,6 +44,10 @@ inline bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<ui
 // Multiprocessor count of the current device, cached per device.
 int sm_count();
 
+// Compute capability of the current device as 10 * major + minor (90 for H100/H200), cached per device; 0 if the
+// query fails.
+int compute_capability();
+
 // Blocks for a grid-stride loop over `work` items at `threads` per block: enough to fill every multiprocessor a
 // few times over, never more than the work needs.
 inline unsigned grid_for(int64_t work, int threads, int blocks_per_sm = 8) {

@@ -484,14 +484,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---------------------------------------------------------------------------------------------------------------
 // Host side.
 
-int device_capability() {
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return 0;
-  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return 0;
-  return major * 10 + minor;
-}
-
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* ptr = nullptr;
@@ -551,7 +543,7 @@ bool check_args(const MatmulArgs<T>& a, OperandPlan& pa, OperandPlan& pb, const 
 #if !defined(TORCHEXT_BUILT_SM90A)
     return fail("this build has no sm_90a code (build with 9.0 in TORCH_CUDA_ARCH_LIST)");
 #endif
-    if (device_capability() != 90) return fail("wgmma needs an sm_90 GPU (H100 / H200)");
+    if (compute_capability() != 90) return fail("wgmma needs an sm_90 GPU (H100 / H200)");
     if (encode_tiled_fn() == nullptr) return fail("the driver has no cuTensorMapEncodeTiled");
     if (std::is_same_v<T, float> && !a.allow_tf32) return fail("float32 inputs need tf32 to be allowed");
     if (a.k == 0) return fail("k == 0");
