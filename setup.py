@@ -115,7 +115,8 @@ def make_extension():
 
     cpu_sources = sorted(glob.glob("csrc/*.cpp"))
     cuda_wrappers = [s for s in cpu_sources if s.endswith("_cuda.cpp")]
-    cpu_sources = [s for s in cpu_sources if s not in cuda_wrappers]
+    # cuda_ops/*.cpp is plain C++ without CUDA (the memory pool's policies), built in every configuration.
+    cpu_sources = [s for s in cpu_sources if s not in cuda_wrappers] + sorted(glob.glob("cuda_ops/*.cpp"))
     opt = ["-O0", "-g"] if debug else ["-O3"]
     cxx_flags = opt + ["-fdiagnostics-color=always"]
     # at::parallel_for is a header template over OpenMP (ATen/ParallelOpenMP.h): without -fopenmp its
