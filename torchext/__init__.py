@@ -9,9 +9,9 @@ from ._loader import load_library
 
 _C = load_library()
 
-from . import functional, nn, ops  # noqa: E402
+from . import functional, memory, nn, ops  # noqa: E402
 from .nn import Linear  # noqa: E402
 from .ops import matmul  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["ops", "functional", "nn", "Linear", "matmul", "__version__"]
+__all__ = ["ops", "functional", "nn", "memory", "Linear", "matmul", "__version__"]

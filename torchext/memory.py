@@ -1,0 +1,298 @@
+"""torchext.memory: a stream-ordered, coalescing GPU memory pool that PyTorch can run on.
+
+Run a whole program on the pool (call it before anything touches CUDA)::
+
+    import torchext
+    torchext.memory.enable_pool()
+    model = ResNet18().cuda()              # every CUDA tensor now comes from the pool
+    ...
+    torchext.memory.stats()                # the pool's figures; torch.cuda.memory_allocated() & co. work too
+
+or only a block of code, next to PyTorch's own allocator (needs ``torch.cuda.MemPool``)::
+
+    with torchext.memory.pool_scope():
+        x = torch.empty(1 << 20, device="cuda")   # segments for this scope come from the pool
+
+The policy code is ``cuda_ops/pool.{h,cpp}`` (plain C++), the GPU backend ``cuda_ops/pool_cuda.cu``, the torch
+side ``csrc/memory.cpp`` and ``csrc/memory_cuda.cpp``. :class:`Pool` gives direct access to a standalone pool,
+on the GPU or on host memory (for tests and experiments on machines without a GPU).
+
+With the pool enabled, ``torch.cuda.memory_allocated()``, ``memory_reserved()``, ``max_memory_allocated()``,
+``max_memory_reserved()``, ``reset_peak_memory_stats()``, ``memory_stats()`` (the ``*.all.*`` keys) and
+``empty_cache()`` report on and act on the pool. ``torch.cuda.memory_snapshot()`` and ``memory_summary()`` do not
+(PyTorch raises there); use :func:`stats` and :meth:`Pool.snapshot`. CUDA graph capture is refused with an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+
+import torch
+
+from ._loader import built_with_cuda
+
+__all__ = [
+    "Pool",
+    "Segment",
+    "Block",
+    "enable_pool",
+    "enabled_kind",
+    "is_enabled",
+    "pool_scope",
+    "stats",
+    "reset_peak_stats",
+    "empty_cache",
+    "device_pool",
+    "KINDS",
+]
+
+KINDS = ("best_fit", "pow2")
+
+_INT_STATS = (
+    "allocated_bytes",
+    "allocated_bytes_peak",
+    "requested_bytes",
+    "requested_bytes_peak",
+    "reserved_bytes",
+    "reserved_bytes_peak",
+    "active_blocks",
+    "allocations",
+    "cache_hits",
+    "segments",
+    "device_allocs",
+    "device_frees",
+    "cross_stream_reuses",
+    "pending_free_bytes",
+    "largest_free_block",
+    "free_bytes",
+    "oom_retries",
+    "ooms",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    address: int
+    size: int
+    stream: int
+    in_use: bool  # handed out, or freed and waiting for another stream's work (record_stream)
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    address: int
+    size: int
+    small: bool
+    blocks: tuple[Block, ...]  # in address order, covering the segment exactly
+
+
+def _convert_stats(raw) -> dict:
+    out = {k: int(raw[k]) for k in _INT_STATS}
+    out["fragmentation"] = float(raw["fragmentation"])
+    return out
+
+
+def _stream_id(stream) -> int:
+    if stream is None:
+        return 0
+    if isinstance(stream, int):
+        return stream
+    if isinstance(stream, torch.cuda.Stream):
+        return stream.cuda_stream
+    raise TypeError(
+        f"torchext.memory: `stream` must be None, an int or a torch.cuda.Stream, got {type(stream).__name__}"
+    )
+
+
+class Pool:
+    """A memory pool of its own, not PyTorch's allocator.
+
+    Args:
+        kind: ``"best_fit"`` (splitting, coalescing, stream-ordered) or ``"pow2"`` (the power-of-two free-list
+            baseline).
+        backend: ``"cuda"`` (segments from ``cudaMalloc`` on ``device``) or ``"host"`` (host memory standing in
+            for a device: events complete only on :meth:`complete_events`, and ``capacity`` bytes, if nonzero,
+            make it run out of memory like a GPU).
+
+    Addresses are integers; streams are ``torch.cuda.Stream`` objects or raw ``cudaStream_t`` integers (any
+    integer id on the host backend; 0 is the default stream).
+    """
+
+    def __init__(self, kind: str = "best_fit", backend: str = "host", device: int = 0, capacity: int = 0):
+        self._pool = torch.classes.torchext.Pool(kind, backend, int(device), int(capacity))
+
+    @classmethod
+    def _wrap(cls, obj) -> Pool:
+        self = cls.__new__(cls)
+        self._pool = obj
+        return self
+
+    @property
+    def kind(self) -> str:
+        return self._pool.kind()
+
+    @property
+    def backend(self) -> str:
+        return self._pool.backend()
+
+    def allocate(self, size: int, stream=None) -> int:
+        """Address of ``size`` bytes ordered on ``stream`` (0 for 0 bytes). Raises torch.OutOfMemoryError."""
+        return self._pool.allocate(int(size), _stream_id(stream))
+
+    def free(self, address: int) -> None:
+        self._pool.free(int(address))
+
+    def record_stream(self, address: int, stream) -> None:
+        self._pool.record_stream(int(address), _stream_id(stream))
+
+    def block_size(self, address: int) -> int:
+        """Size of the block handed out at ``address`` (0 if the pool did not hand it out)."""
+        return self._pool.block_size(int(address))
+
+    def stats(self) -> dict:
+        return _convert_stats(self._pool.stats())
+
+    def reset_peak_stats(self) -> None:
+        self._pool.reset_peak_stats()
+
+    def empty_cache(self) -> int:
+        """Gives every segment with nothing in use back to the device; returns the bytes released."""
+        return self._pool.empty_cache()
+
+    def snapshot(self) -> list[Segment]:
+        flat = self._pool.snapshot()
+        segments: list[Segment] = []
+        blocks: list[Block] = []
+        for i in range(0, len(flat), 7):
+            seg_addr, seg_size, small, addr, size, stream, in_use = flat[i : i + 7]
+            blocks.append(Block(addr, size, stream, bool(in_use)))
+            last_of_segment = i + 7 >= len(flat) or flat[i + 7] != seg_addr
+            if last_of_segment:
+                segments.append(Segment(seg_addr, seg_size, bool(small), tuple(blocks)))
+                blocks = []
+        return segments
+
+    def last_error(self) -> str:
+        return self._pool.last_error()
+
+    def time_alloc_free(self, sizes: list[int], live: int = 0, rounds: int = 100, stream=None) -> float:
+        """Nanoseconds per allocate+free pair in a C++ loop over ``sizes``, keeping the last ``live`` alive."""
+        return self._pool.time_alloc_free([int(s) for s in sizes], int(live), int(rounds), _stream_id(stream))
+
+    # Host backend only.
+    def complete_events(self) -> None:
+        """Host backend: the simulated device finishes all work queued so far."""
+        self._pool.complete_events()
+
+    def set_capacity(self, capacity: int) -> None:
+        self._pool.set_capacity(int(capacity))
+
+    def waits(self) -> list[tuple[int, int]]:
+        """Host backend: the cross-stream waits issued so far, as (waiting stream, stream waited for)."""
+        flat = self._pool.waits()
+        return list(zip(flat[0::2], flat[1::2]))
+
+
+def _require_cuda(what: str) -> None:
+    if not built_with_cuda():
+        raise RuntimeError(f"torchext.memory.{what} needs a torchext build with CUDA; this one has none")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"torchext.memory.{what} needs a CUDA device; none is available")
+
+
+def _device_index(device: None | int | str | torch.device) -> int:
+    if device is None:
+        return torch.cuda.current_device()
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"torchext.memory: `device` must be a CUDA device, got {device}")
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def device_pool(device=None) -> Pool:
+    """The process-wide pool of a CUDA device (the one enable_pool() and pool_scope() allocate from)."""
+    _require_cuda("device_pool")
+    return Pool._wrap(torch.classes.torchext.Pool.device_pool(_device_index(device)))
+
+
+def enabled_kind() -> str | None:
+    """The kind of pool PyTorch runs on in this process, or None when it runs on its own allocator."""
+    return torch.classes.torchext.Pool.enabled_kind() or None
+
+
+def is_enabled() -> bool:
+    return enabled_kind() is not None
+
+
+def enable_pool(kind: str = "best_fit") -> None:
+    """Makes torchext's pool PyTorch's CUDA allocator for the rest of the process.
+
+    Must run before anything touches CUDA: PyTorch cannot switch allocators once its own holds memory. Calling it
+    again with the same kind does nothing. To compare allocators, run each in its own process.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"torchext.memory.enable_pool: `kind` must be one of {KINDS}, got {kind!r}")
+    if enabled_kind() == kind:
+        return
+    _require_cuda("enable_pool")
+    if torch.cuda.is_initialized() and not is_enabled():
+        held = {d: torch.cuda.memory_reserved(d) for d in range(torch.cuda.device_count())}
+        held = {d: n for d, n in held.items() if n > 0}
+        if held:
+            where = ", ".join(f"{n} bytes on cuda:{d}" for d, n in held.items())
+            raise RuntimeError(
+                f"torchext.memory.enable_pool: CUDA memory was already allocated in this process by PyTorch's "
+                f"caching allocator ({where}); the allocator cannot be replaced any more. Call enable_pool() at the "
+                f"start of the program, before the first CUDA tensor is made."
+            )
+        raise RuntimeError(
+            "torchext.memory.enable_pool: CUDA was already initialised in this process, so PyTorch's allocator "
+            "cannot be replaced any more. Call enable_pool() at the start of the program, before anything touches "
+            "CUDA."
+        )
+    torch.classes.torchext.Pool.enable(kind)
+
+
+@functools.cache
+def _pluggable_allocator():
+    from . import _C
+
+    return torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, "torchext_pool_alloc", "torchext_pool_free")
+
+
+@contextlib.contextmanager
+def pool_scope(device=None):
+    """Allocations on ``device`` inside the block take their segments from torchext's pool.
+
+    A ``torch.cuda.MemPool`` backed by the pool through ``torch.cuda.memory.CUDAPluggableAllocator``; PyTorch's
+    caching allocator still splits those segments into tensors, and its own allocations outside the block are
+    untouched. Yields the MemPool: keep it alive as long as tensors made in the block are.
+    """
+    _require_cuda("pool_scope")
+    if not hasattr(torch.cuda, "MemPool"):
+        raise RuntimeError(
+            f"torchext.memory.pool_scope needs torch.cuda.MemPool, which torch {torch.__version__} does not have; "
+            f"use enable_pool() instead"
+        )
+    mem_pool = torch.cuda.MemPool(_pluggable_allocator().allocator())
+    with torch.cuda.use_mem_pool(mem_pool, device=device):
+        yield mem_pool
+
+
+def stats(device=None) -> dict:
+    """The statistics of a device's pool: bytes allocated, requested and reserved (current and ``*_peak``),
+    active blocks, allocations, cache hits, segments, device allocations and frees (``cudaMalloc``/``cudaFree``
+    calls), cross-stream reuses, bytes waiting on other streams, the largest free block, free bytes, the
+    fragmentation figure (1 - largest free block / free bytes), out-of-memory retries and failures."""
+    return device_pool(device).stats()
+
+
+def reset_peak_stats(device=None) -> None:
+    device_pool(device).reset_peak_stats()
+
+
+def empty_cache(device=None) -> int:
+    """Gives the pool's unused segments on ``device`` back to the driver; returns the bytes released."""
+    return device_pool(device).empty_cache()
