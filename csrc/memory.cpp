@@ -1,11 +1,8 @@
-// torch.classes.torchext.Pool: a memory pool as a TorchBind object, for
-// torchext.memory, its tests and the benchmark. A Pool is either standalone
-// (its own segments, on the host backend or a CUDA device) or a handle on the
-// process-wide pool of a CUDA device, the one PyTorch allocates from after
-// enable_pool().
+// torch.classes.torchext.Pool: a memory pool as a TorchBind object, for torchext.memory, its tests and the benchmark. A
+// Pool is either standalone (its own segments, on the host backend or a CUDA device) or a handle on the process-wide
+// pool of a CUDA device, the one PyTorch allocates from after enable_pool().
 //
-// Addresses and streams cross into Python as integers (a cudaStream_t is
-// torch.cuda.Stream.cuda_stream).
+// Addresses and streams cross into Python as integers (a cudaStream_t is torch.cuda.Stream.cuda_stream).
 #include "memory.h"
 
 #include <torch/custom_class.h>
@@ -19,122 +16,73 @@ namespace torchext::memory {
 
 namespace {
 
-// Runs `f`, turning the pool's exceptions into the ones torch maps to Python:
-// bad arguments become ValueError.
-template <typename F> auto translate(F &&f) -> decltype(f()) {
+// Runs `f`, turning the pool's exceptions into the ones torch maps to Python: bad arguments become ValueError.
+template <typename F>
+auto translate(F&& f) -> decltype(f()) {
   try {
     return f();
-  } catch (const std::invalid_argument &e) {
+  } catch (const std::invalid_argument& e) {
     TORCH_CHECK_VALUE(false, "torchext.memory: ", e.what());
-  } catch (const c10::Error &) {
+  } catch (const c10::Error&) {
     throw;
-  } catch (const std::exception &e) {
+  } catch (const std::exception& e) {
     TORCH_CHECK(false, "torchext.memory: ", e.what());
   }
 }
 
-void *as_ptr(int64_t address) {
-  return reinterpret_cast<void *>(static_cast<uintptr_t>(address));
-}
+void* as_ptr(int64_t address) { return reinterpret_cast<void*>(static_cast<uintptr_t>(address)); }
 StreamId as_stream(int64_t stream) { return static_cast<StreamId>(stream); }
 
-// Nanoseconds per allocate+free pair, in a loop that cycles through `sizes`
-// keeping the last `live` allocations alive (first in, first out), run `rounds`
-// times after one untimed warm-up round.
-template <typename Alloc, typename Free>
-double time_loop(const std::vector<int64_t> &sizes, int64_t live,
-                 int64_t rounds, Alloc &&alloc, Free &&free_fn) {
-  TORCH_CHECK_VALUE(!sizes.empty(),
-                    "time_alloc_free: `sizes` must not be empty");
-  TORCH_CHECK_VALUE(live >= 0 && rounds >= 1,
-                    "time_alloc_free: `live` must be >= 0 and `rounds` >= 1");
-  std::deque<void *> ring;
-  auto run = [&](int64_t n) {
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t s : sizes) {
-        ring.push_back(alloc(static_cast<size_t>(s)));
-        if (static_cast<int64_t>(ring.size()) > live) {
-          free_fn(ring.front());
-          ring.pop_front();
-        }
-      }
-  };
-  run(1);
-  const auto t0 = std::chrono::steady_clock::now();
-  run(rounds);
-  const auto t1 = std::chrono::steady_clock::now();
-  for (void *p : ring)
-    free_fn(p);
-  const double ns = std::chrono::duration<double, std::nano>(t1 - t0).count();
-  return ns / static_cast<double>(rounds * static_cast<int64_t>(sizes.size()));
-}
-
-double time_pool_alloc_free(Pool &pool, StreamId stream,
-                            const std::vector<int64_t> &sizes, int64_t live,
+double time_pool_alloc_free(Pool& pool, StreamId stream, const std::vector<int64_t>& sizes, int64_t live,
                             int64_t rounds) {
   return time_loop(
       sizes, live, rounds,
       [&](size_t n) {
-        void *p = pool.allocate(n, stream);
-        TORCH_CHECK_WITH(OutOfMemoryError, p != nullptr,
-                         "time_alloc_free: ", pool.last_error());
+        void* p = pool.allocate(n, stream);
+        TORCH_CHECK_WITH(OutOfMemoryError, p != nullptr, "time_alloc_free: ", pool.last_error());
         return p;
       },
-      [&](void *p) { pool.free(p); });
+      [&](void* p) { pool.free(p); });
 }
 
-} // namespace
+}  // namespace
 
 struct PoolObject : torch::CustomClassHolder {
-  std::unique_ptr<Pool> owned; // standalone pools
-  Pool *pool = nullptr;        // owned.get(), or a device's process-wide pool
-  HostBackend *host = nullptr; // the backend, when it is the host one
+  std::unique_ptr<Pool> owned;  // standalone pools
+  Pool* pool = nullptr;         // owned.get(), or a device's process-wide pool
+  HostBackend* host = nullptr;  // the backend, when it is the host one
 
-  PoolObject(const std::string &kind, const std::string &backend,
-             int64_t device, int64_t capacity) {
-    TORCH_CHECK_VALUE(
-        capacity >= 0,
-        "torchext.memory.Pool: `capacity` must be >= 0 (0: unlimited), got ",
-        capacity);
+  PoolObject(const std::string& kind, const std::string& backend, int64_t device, int64_t capacity) {
+    TORCH_CHECK_VALUE(capacity >= 0, "torchext.memory.Pool: `capacity` must be >= 0 (0: unlimited), got ", capacity);
     if (backend == "host") {
       auto b = std::make_unique<HostBackend>(static_cast<size_t>(capacity));
       host = b.get();
       owned = translate([&] { return make_pool(kind, std::move(b)); });
     } else if (backend == "cuda") {
 #ifdef TORCHEXT_WITH_CUDA
-      TORCH_CHECK_VALUE(
-          capacity == 0,
-          "torchext.memory.Pool: `capacity` applies to the host backend only");
+      TORCH_CHECK_VALUE(capacity == 0, "torchext.memory.Pool: `capacity` applies to the host backend only");
       owned = translate([&] { return make_cuda_pool(kind, device); });
 #else
-      TORCH_CHECK(false, "torchext.memory.Pool: backend 'cuda' needs a "
-                         "torchext build with CUDA; this one has none");
+      TORCH_CHECK(false,
+                  "torchext.memory.Pool: backend 'cuda' needs a "
+                  "torchext build with CUDA; this one has none");
 #endif
     } else {
-      TORCH_CHECK_VALUE(
-          false,
-          "torchext.memory.Pool: `backend` must be 'host' or 'cuda', got '",
-          backend, "'");
+      TORCH_CHECK_VALUE(false, "torchext.memory.Pool: `backend` must be 'host' or 'cuda', got '", backend, "'");
     }
     pool = owned.get();
   }
-  explicit PoolObject(Pool *shared) : pool(shared) {}
+  explicit PoolObject(Pool* shared) : pool(shared) {}
 
-  HostBackend &host_backend(const char *what) {
-    TORCH_CHECK(host != nullptr, "torchext.memory.Pool.", what,
-                ": only for pools on the host backend");
+  HostBackend& host_backend(const char* what) {
+    TORCH_CHECK(host != nullptr, "torchext.memory.Pool.", what, ": only for pools on the host backend");
     return *host;
   }
 
   int64_t allocate(int64_t size, int64_t stream) {
-    TORCH_CHECK_VALUE(
-        size >= 0, "torchext.memory.Pool.allocate: `size` must be >= 0, got ",
-        size);
-    void *p = translate([&] {
-      return pool->allocate(static_cast<size_t>(size), as_stream(stream));
-    });
-    TORCH_CHECK_WITH(OutOfMemoryError, p != nullptr || size == 0,
-                     "torchext.memory: ", pool->last_error());
+    TORCH_CHECK_VALUE(size >= 0, "torchext.memory.Pool.allocate: `size` must be >= 0, got ", size);
+    void* p = translate([&] { return pool->allocate(static_cast<size_t>(size), as_stream(stream)); });
+    TORCH_CHECK_WITH(OutOfMemoryError, p != nullptr || size == 0, "torchext.memory: ", pool->last_error());
     return static_cast<int64_t>(reinterpret_cast<uintptr_t>(p));
   }
 
@@ -149,9 +97,7 @@ struct PoolObject : torch::CustomClassHolder {
   c10::Dict<std::string, double> stats() {
     const PoolStats s = translate([&] { return pool->stats(); });
     c10::Dict<std::string, double> d;
-    auto put = [&](const char *k, int64_t v) {
-      d.insert(k, static_cast<double>(v));
-    };
+    auto put = [&](const char* k, int64_t v) { d.insert(k, static_cast<double>(v)); };
     put("allocated_bytes", s.allocated_bytes);
     put("allocated_bytes_peak", s.allocated_bytes_peak);
     put("requested_bytes", s.requested_bytes);
@@ -174,17 +120,15 @@ struct PoolObject : torch::CustomClassHolder {
     return d;
   }
 
-  // One row of 7 integers per block, segments in address order and blocks in
-  // address order within each: segment address, segment size, small segment
-  // (0/1), block address, block size, stream, in use (0/1).
+  // One row of 7 integers per block, segments in address order and blocks in address order within each: segment
+  // address, segment size, small segment (0/1), block address, block size, stream, in use (0/1).
   std::vector<int64_t> snapshot() {
     std::vector<int64_t> rows;
-    for (const SegmentInfo &seg : translate([&] { return pool->snapshot(); }))
-      for (const BlockInfo &b : seg.blocks)
+    for (const SegmentInfo& seg : translate([&] { return pool->snapshot(); }))
+      for (const BlockInfo& b : seg.blocks)
         for (int64_t v :
-             {static_cast<int64_t>(seg.address), static_cast<int64_t>(seg.size),
-              static_cast<int64_t>(seg.small), static_cast<int64_t>(b.address),
-              static_cast<int64_t>(b.size), static_cast<int64_t>(b.stream),
+             {static_cast<int64_t>(seg.address), static_cast<int64_t>(seg.size), static_cast<int64_t>(seg.small),
+              static_cast<int64_t>(b.address), static_cast<int64_t>(b.size), static_cast<int64_t>(b.stream),
               static_cast<int64_t>(b.allocated)})
           rows.push_back(v);
     return rows;
@@ -199,57 +143,32 @@ TORCH_LIBRARY_FRAGMENT(torchext, m) {
       .def("record_stream", &PoolObject::record_stream)
       .def("stats", &PoolObject::stats)
       .def("snapshot", &PoolObject::snapshot)
-      .def("reset_peak_stats",
-           [](const c10::intrusive_ptr<PoolObject> &self) {
-             self->pool->reset_peak_stats();
-           })
+      .def("reset_peak_stats", [](const c10::intrusive_ptr<PoolObject>& self) { self->pool->reset_peak_stats(); })
       .def("empty_cache",
-           [](const c10::intrusive_ptr<PoolObject> &self) {
-             return static_cast<int64_t>(
-                 translate([&] { return self->pool->empty_cache(); }));
+           [](const c10::intrusive_ptr<PoolObject>& self) {
+             return static_cast<int64_t>(translate([&] { return self->pool->empty_cache(); }));
            })
-      .def("block_size",
-           [](const c10::intrusive_ptr<PoolObject> &self, int64_t address) {
-             return static_cast<int64_t>(
-                 self->pool->block_size(as_ptr(address)));
-           })
-      .def("kind",
-           [](const c10::intrusive_ptr<PoolObject> &self) {
-             return self->pool->kind();
-           })
-      .def("backend",
-           [](const c10::intrusive_ptr<PoolObject> &self) {
-             return self->pool->backend().name();
-           })
-      .def("last_error",
-           [](const c10::intrusive_ptr<PoolObject> &self) {
-             return self->pool->last_error();
-           })
-      .def("time_alloc_free",
-           [](const c10::intrusive_ptr<PoolObject> &self,
-              std::vector<int64_t> sizes, int64_t live, int64_t rounds,
-              int64_t stream) {
-             return translate([&] {
-               return time_pool_alloc_free(*self->pool, as_stream(stream),
-                                           sizes, live, rounds);
-             });
-           })
-      // Host backend only: let the simulated device catch up, change its
-      // capacity, list cross-stream waits.
+      .def("block_size", [](const c10::intrusive_ptr<PoolObject>& self,
+                            int64_t address) { return static_cast<int64_t>(self->pool->block_size(as_ptr(address))); })
+      .def("kind", [](const c10::intrusive_ptr<PoolObject>& self) { return self->pool->kind(); })
+      .def("backend", [](const c10::intrusive_ptr<PoolObject>& self) { return self->pool->backend().name(); })
+      .def("last_error", [](const c10::intrusive_ptr<PoolObject>& self) { return self->pool->last_error(); })
+      .def(
+          "time_alloc_free",
+          [](const c10::intrusive_ptr<PoolObject>& self, std::vector<int64_t> sizes, int64_t live, int64_t rounds,
+             int64_t stream) {
+            return translate([&] { return time_pool_alloc_free(*self->pool, as_stream(stream), sizes, live, rounds); });
+          })
+      // Host backend only: let the simulated device catch up, change its capacity, list cross-stream waits.
       .def("complete_events",
-           [](const c10::intrusive_ptr<PoolObject> &self) {
-             self->host_backend("complete_events").complete_events();
-           })
+           [](const c10::intrusive_ptr<PoolObject>& self) { self->host_backend("complete_events").complete_events(); })
       .def("set_capacity",
-           [](const c10::intrusive_ptr<PoolObject> &self, int64_t capacity) {
-             TORCH_CHECK_VALUE(
-                 capacity >= 0,
-                 "torchext.memory.Pool.set_capacity: `capacity` must be >= 0");
-             self->host_backend("set_capacity")
-                 .set_capacity(static_cast<size_t>(capacity));
+           [](const c10::intrusive_ptr<PoolObject>& self, int64_t capacity) {
+             TORCH_CHECK_VALUE(capacity >= 0, "torchext.memory.Pool.set_capacity: `capacity` must be >= 0");
+             self->host_backend("set_capacity").set_capacity(static_cast<size_t>(capacity));
            })
       .def("waits",
-           [](const c10::intrusive_ptr<PoolObject> &self) {
+           [](const c10::intrusive_ptr<PoolObject>& self) {
              std::vector<int64_t> out;
              for (auto [waiter, on] : self->host_backend("waits").waits()) {
                out.push_back(static_cast<int64_t>(waiter));
@@ -260,10 +179,10 @@ TORCH_LIBRARY_FRAGMENT(torchext, m) {
       .def_static("device_pool",
                   [](int64_t device) {
 #ifdef TORCHEXT_WITH_CUDA
-                    return c10::make_intrusive<PoolObject>(
-                        &device_pool(device));
+                    return c10::make_intrusive<PoolObject>(&device_pool(device));
 #else
-                    TORCH_CHECK(false, "torchext.memory: device pools need a torchext build with CUDA; this one has none");
+                    TORCH_CHECK(false, "torchext.memory: device pools need a torchext build with CUDA; "
+                                "this one has none");
                     return c10::intrusive_ptr<PoolObject>();
 #endif
                   })
@@ -272,7 +191,8 @@ TORCH_LIBRARY_FRAGMENT(torchext, m) {
 #ifdef TORCHEXT_WITH_CUDA
                     enable_pool(kind);
 #else
-                    TORCH_CHECK(false, "torchext.memory.enable_pool needs a torchext build with CUDA; this one has none");
+                    TORCH_CHECK(false, "torchext.memory.enable_pool needs a torchext build with CUDA; "
+                                "this one has none");
 #endif
                   })
       .def_static("enabled_kind",
@@ -284,11 +204,9 @@ TORCH_LIBRARY_FRAGMENT(torchext, m) {
 #endif
                   })
       .def_static("time_baseline_alloc_free",
-                  [](std::string allocator, int64_t device,
-                     std::vector<int64_t> sizes, int64_t live, int64_t rounds) {
+                  [](std::string allocator, int64_t device, std::vector<int64_t> sizes, int64_t live, int64_t rounds) {
 #ifdef TORCHEXT_WITH_CUDA
-                    return time_baseline_alloc_free(allocator, device, sizes,
-                                                    live, rounds);
+                    return time_baseline_alloc_free(allocator, device, sizes, live, rounds);
 #else
                     TORCH_CHECK(false, "time_baseline_alloc_free needs a torchext build with CUDA; this one has none");
                     return 0.0;
@@ -296,4 +214,4 @@ TORCH_LIBRARY_FRAGMENT(torchext, m) {
                   });
 }
 
-} // namespace torchext::memory
+}  // namespace torchext::memory

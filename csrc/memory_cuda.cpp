@@ -1,25 +1,17 @@
-// The process-wide pool of each CUDA device, and the allocator PyTorch runs on
-// after torchext.memory.enable_pool().
+// The process-wide pool of each CUDA device, and the allocator PyTorch runs on after torchext.memory.enable_pool().
 //
-// The allocator is torch's CUDAPluggableAllocator (the C++ class behind
-// torch.cuda.memory.CUDAPluggableAllocator) with our allocate and free, plus
-// what the Python class cannot set and a real training loop needs:
-//   record_stream  Tensor.record_stream reaches the pool, which keeps the block
-//   until those streams are done; empty_cache    torch.cuda.empty_cache() gives
-//   the pools' free segments back; stats torch.cuda.memory_allocated(),
-//   memory_reserved(), max_memory_*() and memory_stats() read the
-//                  pool, and reset_peak_memory_stats() resets its peaks (the
-//                  base class raises for these);
-//   cacheInfo      the largest free block, which cuDNN asks for when
-//   cudnn.benchmark sizes its workspaces (the base
+// The allocator is torch's CUDAPluggableAllocator (the C++ class behind torch.cuda.memory.CUDAPluggableAllocator) with
+// our allocate and free, plus what the Python class cannot set and a real training loop needs:
+//   record_stream  Tensor.record_stream reaches the pool, which keeps the block until those streams are done;
+//   empty_cache    torch.cuda.empty_cache() gives the pools' free segments back;
+//   stats          torch.cuda.memory_allocated(), memory_reserved(), max_memory_*() and memory_stats() read the
+//                  pool, and reset_peak_memory_stats() resets its peaks (the base class raises for these);
+//   cacheInfo      the largest free block, which cuDNN asks for when cudnn.benchmark sizes its workspaces (the base
 //                  class raises there, so benchmark mode would fail);
-//   CUDA graphs    capture is refused with a clear error before it starts (see
-//   kGraphCaptureError).
-// Out of memory raises torch.OutOfMemoryError with the pool's statistics in the
-// message.
+//   CUDA graphs    capture is refused with a clear error before it starts (see kGraphCaptureError).
+// Out of memory raises torch.OutOfMemoryError with the pool's statistics in the message.
 //
-// The extern "C" functions at the end are the same pools for
-// torch.cuda.memory.CUDAPluggableAllocator, which is how
+// The extern "C" functions at the end are the same pools for torch.cuda.memory.CUDAPluggableAllocator, which is how
 // torchext.memory.pool_scope() feeds a torch.cuda.MemPool.
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -44,7 +36,7 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
-constexpr const char *kGraphCaptureError =
+constexpr const char* kGraphCaptureError =
     "torchext.memory: CUDA graph capture is not supported on torchext's memory "
     "pool (a captured graph replays "
     "its allocations, which needs an allocator that can set memory aside for "
@@ -53,82 +45,68 @@ constexpr const char *kGraphCaptureError =
     "torchext.memory.enable_pool().";
 
 std::mutex g_mutex;
-std::array<std::atomic<Pool *>, kMaxDevices> g_pools{};
-std::string g_enabled_kind; // "" until enable_pool
+std::array<std::atomic<Pool*>, kMaxDevices> g_pools{};
+std::string g_enabled_kind;  // "" until enable_pool
 
 int device_index(int64_t device) {
   const int64_t count = c10::cuda::device_count();
-  TORCH_CHECK_VALUE(device >= 0 && device < count && device < kMaxDevices,
-                    "torchext.memory: CUDA device ", device,
+  TORCH_CHECK_VALUE(device >= 0 && device < count && device < kMaxDevices, "torchext.memory: CUDA device ", device,
                     " does not exist (", count, " visible)");
   return static_cast<int>(device);
 }
 
-void *allocate_or_throw(size_t size, int device, cudaStream_t stream) {
-  Pool &pool = device_pool(device);
-  void *p = pool.allocate(size, reinterpret_cast<StreamId>(stream));
-  TORCH_CHECK_WITH(OutOfMemoryError, p != nullptr || size == 0, "CUDA ",
-                   pool.last_error());
+void* allocate_or_throw(size_t size, int device, cudaStream_t stream) {
+  Pool& pool = device_pool(device);
+  void* p = pool.allocate(size, reinterpret_cast<StreamId>(stream));
+  TORCH_CHECK_WITH(OutOfMemoryError, p != nullptr || size == 0, "CUDA ", pool.last_error());
   return p;
 }
 
-void free_block(void *ptr, size_t, int device, cudaStream_t) {
-  device_pool(device).free(ptr);
-}
+void free_block(void* ptr, size_t, int device, cudaStream_t) { device_pool(device).free(ptr); }
 
-// record_stream gets no device: the block's pool is the one that knows the
-// pointer.
-void record_block_stream(void *ptr, cudaStream_t stream) {
+// record_stream gets no device: the block's pool is the one that knows the pointer.
+void record_block_stream(void* ptr, cudaStream_t stream) {
   for (int d = 0; d < kMaxDevices; ++d) {
-    Pool *pool = g_pools[d].load(std::memory_order_acquire);
+    Pool* pool = g_pools[d].load(std::memory_order_acquire);
     if (pool != nullptr && pool->block_size(ptr) != 0) {
       pool->record_stream(ptr, reinterpret_cast<StreamId>(stream));
       return;
     }
   }
-  TORCH_CHECK(
-      false,
-      "torchext.memory: record_stream on a pointer no torchext pool allocated");
+  TORCH_CHECK(false, "torchext.memory: record_stream on a pointer no torchext pool allocated");
 }
 
 void empty_all_caches() {
-  for (auto &slot : g_pools) {
-    Pool *pool = slot.load(std::memory_order_acquire);
-    if (pool != nullptr)
-      pool->empty_cache();
+  for (auto& slot : g_pools) {
+    Pool* pool = slot.load(std::memory_order_acquire);
+    if (pool != nullptr) pool->empty_cache();
   }
 }
 
-using PluggableAllocator =
-    torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
+using PluggableAllocator = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 using DeviceStats = c10::cuda::CUDACachingAllocator::DeviceStats;
 
 class PoolAllocator final : public PluggableAllocator {
-public:
+ public:
   PoolAllocator() : PluggableAllocator(allocate_or_throw, free_block) {
     set_record_stream_fn(record_block_stream);
     set_reset_fn(empty_all_caches);
     set_begin_allocate_to_pool(
-        [](int, c10::cuda::MempoolId_t, std::function<bool(cudaStream_t)>) {
-          TORCH_CHECK(false, kGraphCaptureError);
-        });
+        [](int, c10::cuda::MempoolId_t, std::function<bool(cudaStream_t)>) { TORCH_CHECK(false, kGraphCaptureError); });
   }
 
   DeviceStats getDeviceStats(c10::DeviceIndex device) override {
     const PoolStats s = device_pool(device).stats();
     DeviceStats d;
-    auto set = [](auto &stat, int64_t current, int64_t peak) {
-      stat[0].current =
-          current; // [0]: the aggregate over small and large blocks
+    auto set = [](auto& stat, int64_t current, int64_t peak) {
+      stat[0].current = current;  // [0]: the aggregate over small and large blocks
       stat[0].peak = peak;
     };
     set(d.allocated_bytes, s.allocated_bytes, s.allocated_bytes_peak);
     set(d.requested_bytes, s.requested_bytes, s.requested_bytes_peak);
     set(d.reserved_bytes, s.reserved_bytes, s.reserved_bytes_peak);
-    // Active: handed out, or freed and waiting on other streams. The pool keeps
-    // no separate peak for it.
-    set(d.active_bytes, s.allocated_bytes + s.pending_free_bytes,
-        s.allocated_bytes_peak);
+    // Active: handed out, or freed and waiting on other streams. The pool keeps no separate peak for it.
+    set(d.active_bytes, s.allocated_bytes + s.pending_free_bytes, s.allocated_bytes_peak);
     set(d.allocation, s.active_blocks, s.active_blocks);
     set(d.segment, s.segments, s.segments);
     d.num_alloc_retries = s.oom_retries;
@@ -138,68 +116,56 @@ public:
     return d;
   }
 
-  void resetPeakStats(c10::DeviceIndex device) override {
-    device_pool(device).reset_peak_stats();
-  }
+  void resetPeakStats(c10::DeviceIndex device) override { device_pool(device).reset_peak_stats(); }
   void resetAccumulatedStats(c10::DeviceIndex) override {}
 
-  // As PyTorch's caching allocator answers: when asked with *largest == 0,
-  // start from the device's free memory (what a new segment could get), then
-  // take the largest cached block if that is bigger.
-  void cacheInfo(c10::DeviceIndex device, size_t *largest) override {
-    Pool &pool = device_pool(device);
+  // As PyTorch's caching allocator answers: when asked with *largest == 0, start from the device's free memory (what a
+  // new segment could get), then take the largest cached block if that is bigger.
+  void cacheInfo(c10::DeviceIndex device, size_t* largest) override {
+    Pool& pool = device_pool(device);
     if (*largest == 0) {
       c10::cuda::CUDAGuard guard(device);
       size_t free_bytes = 0, total = 0;
       C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
       *largest = free_bytes;
     }
-    *largest = std::max(*largest,
-                        static_cast<size_t>(pool.stats().largest_free_block));
+    *largest = std::max(*largest, static_cast<size_t>(pool.stats().largest_free_block));
   }
 };
 
-} // namespace
+}  // namespace
 
-Pool &device_pool(int64_t device) {
+Pool& device_pool(int64_t device) {
   const int d = device_index(device);
-  Pool *pool = g_pools[d].load(std::memory_order_acquire);
-  if (pool != nullptr)
-    return *pool;
+  Pool* pool = g_pools[d].load(std::memory_order_acquire);
+  if (pool != nullptr) return *pool;
   std::lock_guard<std::mutex> lock(g_mutex);
   pool = g_pools[d].load(std::memory_order_relaxed);
   if (pool == nullptr) {
-    // Never destroyed: PyTorch may free tensors during interpreter shutdown,
-    // after static destructors would run.
-    pool = make_pool(g_enabled_kind.empty() ? "best_fit" : g_enabled_kind,
-                     make_cuda_backend(d))
-               .release();
+    // Never destroyed: PyTorch may free tensors during interpreter shutdown, after static destructors would run.
+    pool = make_pool(g_enabled_kind.empty() ? "best_fit" : g_enabled_kind, make_cuda_backend(d)).release();
     g_pools[d].store(pool, std::memory_order_release);
   }
   return *pool;
 }
 
-void enable_pool(const std::string &kind) {
-  TORCH_CHECK_VALUE(
-      kind == "best_fit" || kind == "pow2",
-      "torchext.memory.enable_pool: `kind` must be 'best_fit' or 'pow2', got '",
-      kind, "'");
+void enable_pool(const std::string& kind) {
+  TORCH_CHECK_VALUE(kind == "best_fit" || kind == "pow2",
+                    "torchext.memory.enable_pool: `kind` must be 'best_fit' or 'pow2', got '", kind, "'");
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_enabled_kind.empty()) {
-    TORCH_CHECK(kind == g_enabled_kind, "torchext.memory.enable_pool: the '",
-                g_enabled_kind,
+    TORCH_CHECK(kind == g_enabled_kind, "torchext.memory.enable_pool: the '", g_enabled_kind,
                 "' pool is already PyTorch's allocator in this process; it "
                 "cannot change to '",
                 kind, "'");
     return;
   }
-  for (auto &slot : g_pools) {
-    Pool *pool = slot.load();
+  for (auto& slot : g_pools) {
+    Pool* pool = slot.load();
     TORCH_CHECK(pool == nullptr || pool->kind() == kind,
                 "torchext.memory.enable_pool: the device pools were already "
                 "made as '",
-                pool == nullptr ? "" : pool->kind(),
-                "' (by pool_scope or Pool.device_pool)");
+                pool == nullptr ? "" : pool->kind(), "' (by pool_scope or Pool.device_pool)");
   }
   TORCH_CHECK(!c10::cuda::CUDACachingAllocator::allocator.load()->initialized(),
               "torchext.memory.enable_pool: PyTorch's CUDA allocator is "
@@ -207,8 +173,7 @@ void enable_pool(const std::string &kind) {
               "was used before), so it can no longer be replaced. Call "
               "enable_pool() before anything touches CUDA.");
   g_enabled_kind = kind;
-  torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(
-      std::make_shared<PoolAllocator>());
+  torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(std::make_shared<PoolAllocator>());
 }
 
 std::string enabled_kind() {
@@ -216,68 +181,38 @@ std::string enabled_kind() {
   return g_enabled_kind;
 }
 
-std::unique_ptr<Pool> make_cuda_pool(const std::string &kind, int64_t device) {
+std::unique_ptr<Pool> make_cuda_pool(const std::string& kind, int64_t device) {
   return make_pool(kind, make_cuda_backend(device_index(device)));
 }
 
-double time_baseline_alloc_free(const std::string &allocator, int64_t device,
-                                const std::vector<int64_t> &sizes, int64_t live,
-                                int64_t rounds) {
+double time_baseline_alloc_free(const std::string& allocator, int64_t device, const std::vector<int64_t>& sizes,
+                                int64_t live, int64_t rounds) {
   const int d = device_index(device);
   c10::cuda::CUDAGuard guard(d);
-  cudaStream_t stream = nullptr; // the legacy default stream, as the pool's
-                                 // timing uses by default
-  auto timed = [&](auto &&alloc, auto &&free_fn) {
-    std::deque<void *> ring;
-    auto run = [&](int64_t n) {
-      for (int64_t r = 0; r < n; ++r)
-        for (int64_t s : sizes) {
-          ring.push_back(alloc(static_cast<size_t>(s)));
-          if (static_cast<int64_t>(ring.size()) > live) {
-            free_fn(ring.front());
-            ring.pop_front();
-          }
-        }
-    };
-    TORCH_CHECK_VALUE(
-        !sizes.empty() && live >= 0 && rounds >= 1,
-        "time_baseline_alloc_free: need sizes, live >= 0, rounds >= 1");
-    run(1);
-    const auto t0 = std::chrono::steady_clock::now();
-    run(rounds);
-    const auto t1 = std::chrono::steady_clock::now();
-    for (void *p : ring)
-      free_fn(p);
-    return std::chrono::duration<double, std::nano>(t1 - t0).count() /
-           static_cast<double>(rounds * static_cast<int64_t>(sizes.size()));
-  };
+  cudaStream_t stream = nullptr;  // the legacy default stream, as the pool's timing uses by default
+  auto timed = [&](auto&& alloc, auto&& free_fn) { return time_loop(sizes, live, rounds, alloc, free_fn); };
   if (allocator == "caching") {
-    TORCH_CHECK(enabled_kind().empty(), "time_baseline_alloc_free('caching'): "
-                                        "PyTorch's allocator was replaced by "
-                                        "torchext's pool in this process");
-    return timed(
-        [&](size_t n) {
-          return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(n,
-                                                                        stream);
-        },
-        [](void *p) { c10::cuda::CUDACachingAllocator::raw_delete(p); });
+    TORCH_CHECK(enabled_kind().empty(),
+                "time_baseline_alloc_free('caching'): "
+                "PyTorch's allocator was replaced by "
+                "torchext's pool in this process");
+    return timed([&](size_t n) { return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(n, stream); },
+                 [](void* p) { c10::cuda::CUDACachingAllocator::raw_delete(p); });
   }
   if (allocator == "cuda_malloc_async") {
-    // Keep freed memory in the stream-ordered pool (as PyTorch's
-    // cudaMallocAsync backend does) instead of returning it at every
-    // synchronisation.
+    // Keep freed memory in the stream-ordered pool (as PyTorch's cudaMallocAsync backend does) instead of returning it
+    // at every synchronisation.
     cudaMemPool_t mempool;
     C10_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&mempool, d));
     uint64_t threshold = UINT64_MAX;
-    C10_CUDA_CHECK(cudaMemPoolSetAttribute(
-        mempool, cudaMemPoolAttrReleaseThreshold, &threshold));
+    C10_CUDA_CHECK(cudaMemPoolSetAttribute(mempool, cudaMemPoolAttrReleaseThreshold, &threshold));
     const double ns = timed(
         [&](size_t n) {
-          void *p = nullptr;
+          void* p = nullptr;
           C10_CUDA_CHECK(cudaMallocAsync(&p, n, stream));
           return p;
         },
-        [&](void *p) { C10_CUDA_CHECK(cudaFreeAsync(p, stream)); });
+        [&](void* p) { C10_CUDA_CHECK(cudaFreeAsync(p, stream)); });
     C10_CUDA_CHECK(cudaStreamSynchronize(stream));
     C10_CUDA_CHECK(cudaMemPoolTrimTo(mempool, 0));
     return ns;
@@ -285,11 +220,11 @@ double time_baseline_alloc_free(const std::string &allocator, int64_t device,
   if (allocator == "cuda_malloc") {
     return timed(
         [](size_t n) {
-          void *p = nullptr;
+          void* p = nullptr;
           C10_CUDA_CHECK(cudaMalloc(&p, n));
           return p;
         },
-        [](void *p) { C10_CUDA_CHECK(cudaFree(p)); });
+        [](void* p) { C10_CUDA_CHECK(cudaFree(p)); });
   }
   TORCH_CHECK_VALUE(false,
                     "time_baseline_alloc_free: `allocator` must be 'caching', "
@@ -299,28 +234,26 @@ double time_baseline_alloc_free(const std::string &allocator, int64_t device,
   return 0.0;
 }
 
-} // namespace torchext::memory
+}  // namespace torchext::memory
 
-// For torch.cuda.memory.CUDAPluggableAllocator(torchext._C.__file__,
-// "torchext_pool_alloc", "torchext_pool_free"). C functions may not throw: out
-// of memory returns nullptr (what torch.cuda.MemPool expects of an allocator),
-// and an error in free is printed.
+// For torch.cuda.memory.CUDAPluggableAllocator(torchext._C.__file__, "torchext_pool_alloc", "torchext_pool_free"). C
+// functions may not throw: out of memory returns nullptr (what torch.cuda.MemPool expects of an allocator), and an
+// error in free is printed.
 extern "C" {
-void *torchext_pool_alloc(ssize_t size, int device, cudaStream_t stream) {
+void* torchext_pool_alloc(ssize_t size, int device, cudaStream_t stream) {
   try {
-    return torchext::memory::device_pool(device).allocate(
-        static_cast<size_t>(size),
-        reinterpret_cast<torchext::memory::StreamId>(stream));
-  } catch (const std::exception &e) {
+    return torchext::memory::device_pool(device).allocate(static_cast<size_t>(size),
+                                                          reinterpret_cast<torchext::memory::StreamId>(stream));
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "torchext_pool_alloc: %s\n", e.what());
     return nullptr;
   }
 }
 
-void torchext_pool_free(void *ptr, ssize_t, int device, cudaStream_t) {
+void torchext_pool_free(void* ptr, ssize_t, int device, cudaStream_t) {
   try {
     torchext::memory::device_pool(device).free(ptr);
-  } catch (const std::exception &e) {
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "torchext_pool_free: %s\n", e.what());
   }
 }

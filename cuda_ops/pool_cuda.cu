@@ -1,5 +1,4 @@
-// The pool's GPU backend (see pool.h): cudaMalloc/cudaFree for segments,
-// cudaEvent_t for stream order. No kernels.
+// The pool's GPU backend (see pool.h): cudaMalloc/cudaFree for segments, cudaEvent_t for stream order. No kernels.
 #include <cuda_runtime.h>
 
 #include <stdexcept>
@@ -12,17 +11,14 @@ namespace torchext::memory {
 
 namespace {
 
-void check(cudaError_t err, const char *what) {
-  if (err != cudaSuccess)
-    throw std::runtime_error(std::string(what) +
-                             " failed: " + cudaGetErrorString(err));
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + " failed: " + cudaGetErrorString(err));
 }
 
-// Makes `device` current for the scope, and restores the caller's device after.
-// Does nothing when it already is, so a pool on device 1 never makes a context
-// on device 0.
+// Makes `device` current for the scope, and restores the caller's device after. Does nothing when it already is, so a
+// pool on device 1 never makes a context on device 0.
 class DeviceScope {
-public:
+ public:
   explicit DeviceScope(int device) {
     check(cudaGetDevice(&previous_), "cudaGetDevice");
     if (previous_ != device)
@@ -31,46 +27,31 @@ public:
       previous_ = -1;
   }
   ~DeviceScope() {
-    if (previous_ >= 0)
-      cudaSetDevice(previous_);
+    if (previous_ >= 0) cudaSetDevice(previous_);
   }
-  DeviceScope(const DeviceScope &) = delete;
-  DeviceScope &operator=(const DeviceScope &) = delete;
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
 
-private:
+ private:
   int previous_ = -1;
 };
 
 class CudaBackend final : public Backend {
-public:
+ public:
   explicit CudaBackend(int device) : device_(device) {}
-  ~CudaBackend() override {
-    // Best effort: at process exit the driver may already be shutting down.
-    int current = -1;
-    if (cudaGetDevice(&current) != cudaSuccess)
-      return;
-    if (current != device_ && cudaSetDevice(device_) != cudaSuccess)
-      return;
-    for (cudaEvent_t e : spare_events_)
-      cudaEventDestroy(e);
-    if (current != device_)
-      cudaSetDevice(current);
-  }
-
-  void *reserve(size_t bytes) override {
+  void* reserve(size_t bytes) override {
     DeviceScope scope(device_);
-    void *p = nullptr;
+    void* p = nullptr;
     cudaError_t err = cudaMalloc(&p, bytes);
     if (err == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError(); // not sticky: clear it so that the next CUDA
-                                // call does not report it
+      (void)cudaGetLastError();  // not sticky: clear it so that the next CUDA call does not report it
       return nullptr;
     }
     check(err, "cudaMalloc");
     return p;
   }
 
-  void release(void *ptr, size_t) override {
+  void release(void* ptr, size_t) override {
     DeviceScope scope(device_);
     check(cudaFree(ptr), "cudaFree");
   }
@@ -78,15 +59,8 @@ public:
   EventId record_event(StreamId stream) override {
     DeviceScope scope(device_);
     cudaEvent_t e;
-    if (spare_events_.empty()) {
-      check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
-            "cudaEventCreateWithFlags");
-    } else {
-      e = spare_events_.back();
-      spare_events_.pop_back();
-    }
-    check(cudaEventRecord(e, reinterpret_cast<cudaStream_t>(stream)),
-          "cudaEventRecord");
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    check(cudaEventRecord(e, reinterpret_cast<cudaStream_t>(stream)), "cudaEventRecord");
     return e;
   }
 
@@ -102,15 +76,16 @@ public:
 
   void wait_event(StreamId waiter, EventId event) override {
     DeviceScope scope(device_);
-    check(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(waiter),
-                              static_cast<cudaEvent_t>(event), 0),
+    check(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(waiter), static_cast<cudaEvent_t>(event), 0),
           "cudaStreamWaitEvent");
   }
 
-  // The event goes back to a free list: re-recording it later does not disturb
-  // a wait already queued on it.
+  // A fresh event per use, destroyed after: an event re-recorded while a wait on its previous record is still queued
+  // was seen to report completion early (H200, CUDA 13), so events are never reused. (Destroying one that a queued wait
+  // refers to is allowed: its resources go once the wait is done.)
   void destroy_event(EventId event) override {
-    spare_events_.push_back(static_cast<cudaEvent_t>(event));
+    DeviceScope scope(device_);
+    check(cudaEventDestroy(static_cast<cudaEvent_t>(event)), "cudaEventDestroy");
   }
 
   void synchronize() override {
@@ -128,19 +103,14 @@ public:
     return {static_cast<int64_t>(free_bytes), static_cast<int64_t>(total)};
   }
 
-  std::string name() const override {
-    return "cuda:" + std::to_string(device_);
-  }
+  std::string name() const override { return "cuda:" + std::to_string(device_); }
 
-private:
+ private:
   int device_;
-  std::vector<cudaEvent_t> spare_events_;
 };
 
-} // namespace
+}  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
-  return std::make_unique<CudaBackend>(device);
-}
+std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }
 
-} // namespace torchext::memory
+}  // namespace torchext::memory
