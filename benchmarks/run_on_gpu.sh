@@ -2,7 +2,7 @@
 # One call on a GPU machine: build torchext for the local torch, run the whole test suite (GPU tests included),
 # run the GPU tests again under compute-sanitizer memcheck, and run the op benchmark. Everything lands in $OUT.
 #
-#   OUT=out bash benchmarks/run_on_gpu.sh [build] [test] [memcheck] [bench] [matmul]   (default: the first four)
+#   OUT=out bash benchmarks/run_on_gpu.sh [build] [test] [memcheck] [bench] [matmul] [memory]   (default: the first four)
 #
 # matmul runs benchmarks/bench_matmul.py (ladder, Linear, CPU GEMM; ~2 min on an H200, MATMUL_ARGS=--quick ~1 min).
 set -uo pipefail
@@ -61,6 +61,15 @@ if has bench; then
   python benchmarks/bench_ops.py --out "$OUT/ops_gpu.csv" > "$OUT/ops_gpu.md" 2> "$OUT/bench.err" || status=1
   tail -5 "$OUT/bench.err"
   cat "$OUT/ops_gpu.md"
+fi
+if has memory; then
+  # MEMORY_ARGS e.g. "--parts loop,empty,replay" or "--data .data/cifar10-train-jpg.tar.gz" for the epoch part.
+  echo "== memory pool benchmark"
+  # shellcheck disable=SC2086
+  python benchmarks/bench_memory.py ${MEMORY_ARGS:-} --out "$OUT/memory_gpu.csv" > "$OUT/memory_gpu.md" \
+    2> "$OUT/bench_memory.err" || status=1
+  tail -5 "$OUT/bench_memory.err"
+  cat "$OUT/memory_gpu.md"
 fi
 if has matmul; then
   echo "== matmul benchmark"
