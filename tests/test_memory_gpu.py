@@ -115,6 +115,13 @@ RECORD_STREAM_CHILD = """
     memory.enable_pool()
     n = 1 << 20
     side = torch.cuda.Stream()
+    # Launch every kernel once first: CUDA loads a kernel's module on its first launch, and that waits for the
+    # device, which would let the spin finish before the pool is asked for memory.
+    warm = torch.full((n,), 1.0, device="cuda")
+    torch.mul(warm, 1.0, out=torch.empty_like(warm))
+    torch.cuda._sleep(1000)
+    (warm == 1.0).all().item()
+    del warm
     out = {}
     for use_record_stream in (True, False):
         torch.cuda.synchronize()
@@ -158,6 +165,13 @@ def test_cross_stream_reuse_waits_for_the_previous_stream():
         memory.enable_pool()
         n = 1 << 20
         s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+        warm = torch.full((n,), 1.0, device="cuda")  # load the kernels first (see RECORD_STREAM_CHILD)
+        torch.mul(warm, 3.0, out=torch.empty_like(warm))
+        torch.cuda._sleep(1000)
+        (warm == 3.0).all().item()
+        del warm
+        torch.cuda.synchronize()
+        memory.empty_cache()
         with torch.cuda.stream(s1):
             x = torch.full((n,), 1.0, device="cuda")
             y = torch.empty(n, device="cuda")
