@@ -56,27 +56,19 @@ if has memcheck; then
   [ $rc -eq 0 ] || status=1
 fi
 
-if has bench; then
-  echo "== op benchmark"
-  python benchmarks/bench_ops.py --out "$OUT/ops_gpu.csv" > "$OUT/ops_gpu.md" 2> "$OUT/bench.err" || status=1
-  tail -5 "$OUT/bench.err"
-  cat "$OUT/ops_gpu.md"
-fi
-if has memory; then
-  # MEMORY_ARGS e.g. "--parts loop,empty,replay" or "--data .data/cifar10-train-jpg.tar.gz" for the epoch part.
-  echo "== memory pool benchmark"
-  # shellcheck disable=SC2086
-  python benchmarks/bench_memory.py ${MEMORY_ARGS:-} --out "$OUT/memory_gpu.csv" > "$OUT/memory_gpu.md" \
-    2> "$OUT/bench_memory.err" || status=1
-  tail -5 "$OUT/bench_memory.err"
-  cat "$OUT/memory_gpu.md"
-fi
-if has matmul; then
-  echo "== matmul benchmark"
-  # shellcheck disable=SC2086
-  python benchmarks/bench_matmul.py ${MATMUL_ARGS:-} --out "$OUT/matmul_gpu.csv" > "$OUT/matmul_gpu.md" \
-    2> "$OUT/bench_matmul.err" || status=1
-  tail -5 "$OUT/bench_matmul.err"
-  cat "$OUT/matmul_gpu.md"
-fi
+# bench_stage TITLE SCRIPT NAME [ARGS...]: runs benchmarks/SCRIPT, the CSV to $OUT/NAME.csv, the tables to NAME.md.
+bench_stage() {
+  local title=$1 script=$2 name=$3
+  shift 3
+  echo "== $title"
+  python "benchmarks/$script" "$@" --out "$OUT/$name.csv" > "$OUT/$name.md" 2> "$OUT/$name.err" || status=1
+  tail -5 "$OUT/$name.err"
+  cat "$OUT/$name.md"
+}
+has bench && bench_stage "op benchmark" bench_ops.py ops_gpu
+# MEMORY_ARGS e.g. "--parts loop,empty,replay" or "--data .data/cifar10-train-jpg.tar.gz" for the epoch part.
+# shellcheck disable=SC2086
+has memory && bench_stage "memory pool benchmark" bench_memory.py memory_gpu ${MEMORY_ARGS:-}
+# shellcheck disable=SC2086
+has matmul && bench_stage "matmul benchmark" bench_matmul.py matmul_gpu ${MATMUL_ARGS:-}
 exit $status
