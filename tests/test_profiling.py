@@ -1,0 +1,197 @@
+"""torchext.profiling: which GPU kernels are torchext's, the totals from synthetic profiler events, the CPU path
+(nothing to measure: share None and a reason, no crash), and on a GPU a real measurement."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import gpu
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEvent
+
+import torchext
+from torchext.profiling import (
+    DeviceEvent,
+    GpuTimeProfiler,
+    describe,
+    device_events,
+    gpu_time_share,
+    is_torchext_kernel,
+    short_kernel_name,
+    summarize,
+)
+
+# Names as Kineto reports them (demangled), for kernels of cuda_ops/ and for stock ones.
+RELU = (
+    "void torchext::cuda_ops::(anonymous namespace)::unary_kernel<float, 4, torchext::cuda_ops::(anonymous "
+    "namespace)::Relu>(float const*, float*, long, torchext::cuda_ops::(anonymous namespace)::Relu)"
+)
+RELU_MANGLED = "_ZN8torchext8cuda_ops12_GLOBAL__N_112unary_kernelIfLi4ENS1_4ReluEEEvPKT_PS4_lT1_"
+WGMMA = (
+    "void torchext::cuda_ops::(anonymous namespace)::matmul_wgmma_kernel<__nv_bfloat16, (torchext::cuda_ops::"
+    "MatmulActivation)1, true>(CUtensorMap_st, CUtensorMap_st, CUtensorMap_st, CUtensorMap_st, "
+    "torchext::cuda_ops::(anonymous namespace)::WgmmaParams<__nv_bfloat16>)"
+)
+CE_FINALIZE = (
+    "void torchext::cuda_ops::(anonymous namespace)::cross_entropy_finalize_kernel<float, float>(float const*)"
+)
+ATEN_ADD = (
+    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul> >"
+    "(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)"
+)
+CUDNN = "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64_warpgroupsize1x1x1"
+CUTLASS = "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>(cutlass_80_tensorop::Params)"
+LOOKALIKE = "void mytorchext::scale_kernel<float>(float*, long)"
+
+
+@pytest.mark.parametrize("name", [RELU, RELU_MANGLED, WGMMA, CE_FINALIZE])
+def test_torchext_kernels_are_recognised(name):
+    assert is_torchext_kernel(name), name
+
+
+@pytest.mark.parametrize("name", [ATEN_ADD, CUDNN, CUTLASS, LOOKALIKE, "Memcpy HtoD (Pageable -> Device)", ""])
+def test_stock_kernels_are_not_torchext(name):
+    assert not is_torchext_kernel(name), name
+
+
+def test_short_kernel_names():
+    assert short_kernel_name(RELU) == "torchext::cuda_ops::unary_kernel<float, 4, torchext::cuda_ops::Relu>"
+    assert short_kernel_name(RELU_MANGLED) == short_kernel_name(RELU), "a mangled name is demangled first"
+    assert short_kernel_name(ATEN_ADD).startswith("at::native::vectorized_elementwise_kernel<4, ")
+    assert short_kernel_name(CUTLASS) == "cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>"
+    assert short_kernel_name(CUDNN) == CUDNN
+
+
+def _event(name, us, device_type=DeviceType.CUDA, activity="kernel", index=0, start=0.0):
+    return SimpleNamespace(
+        name=name,
+        device_type=device_type,
+        activity_type=activity,
+        device_index=index,
+        time_range=SimpleNamespace(start=start, end=start + us),
+    )
+
+
+def test_device_events_keep_only_gpu_activity():
+    events = [
+        _event("aten::relu", 50.0, device_type=DeviceType.CPU, activity="cpu_op"),
+        _event("cudaLaunchKernel", 5.0, device_type=DeviceType.CPU, activity="cuda_runtime"),
+        _event("ProfilerStep#1", 1000.0, activity="gpu_user_annotation"),  # spans kernels: counting it double-counts
+        _event(RELU_MANGLED, 3.0),
+        _event(ATEN_ADD, 7.0),
+        _event("Memcpy HtoD (Pageable -> Device)", 11.0, activity="gpu_memcpy"),
+        _event("Memset (Device)", 1.0, activity="gpu_memset"),
+        _event(RELU, 2.0, index=1),
+    ]
+    got = device_events(events)
+    assert got == [
+        DeviceEvent(RELU, "kernel", 3.0),
+        DeviceEvent(ATEN_ADD, "kernel", 7.0),
+        DeviceEvent("Memcpy HtoD (Pageable -> Device)", "memcpy", 11.0),
+        DeviceEvent("Memset (Device)", "memset", 1.0),
+        DeviceEvent(RELU, "kernel", 2.0),
+    ]
+    assert [e.us for e in device_events(events, "cuda:1")] == [2.0], "[device index filter]"
+    assert len(device_events(events, "cuda")) == 5, "no index: every device"
+
+
+def test_device_events_without_activity_types():
+    """An older profiler without activity types: memcpy/memset recognised by name, the rest are kernels."""
+    events = [_event(RELU, 4.0, activity=None), _event("Memcpy DtoD (Device -> Device)", 2.0, activity=None)]
+    assert [e.kind for e in device_events(events)] == ["kernel", "memcpy"]
+
+
+def test_device_events_from_real_function_events():
+    """The attributes read are those of torch's own FunctionEvent."""
+    kernel = FunctionEvent(id=1, name=RELU, thread=0, start_us=10.0, end_us=14.5, device_type=DeviceType.CUDA)
+    kernel.activity_type = "kernel"
+    cpu = FunctionEvent(id=2, name="torchext::relu", thread=0, start_us=0.0, end_us=20.0)
+    cpu.activity_type = "cpu_op"
+    assert device_events([cpu, kernel]) == [DeviceEvent(RELU, "kernel", 4.5)]
+
+
+def test_summarize_totals_share_and_top_list():
+    events = [
+        DeviceEvent(RELU, "kernel", 3.0),
+        DeviceEvent(RELU, "kernel", 3.0),
+        DeviceEvent(WGMMA, "kernel", 10.0),
+        DeviceEvent(ATEN_ADD, "kernel", 8.0),
+        DeviceEvent(CUDNN, "kernel", 12.0),
+        DeviceEvent("Memcpy HtoD (Pageable -> Device)", "memcpy", 4.0),
+    ]
+    r = summarize(events, top=3)
+    assert r["total_us"] == 40.0 and r["torchext_us"] == 16.0 and r["share"] == pytest.approx(0.4)
+    assert r["by_kind"] == {"kernel": 36.0, "memcpy": 4.0}
+    assert r["events"] == 6 and r["reason"] is None
+    assert [(k["full_name"], k["calls"], k["us"], k["torchext"]) for k in r["by_kernel"]] == [
+        (CUDNN, 1, 12.0, False),
+        (WGMMA, 1, 10.0, True),
+        (ATEN_ADD, 1, 8.0, False),
+    ], "top 3 by time"
+    assert r["by_kernel"][1]["share"] == pytest.approx(0.25)
+    rows = summarize(events, top=10)["by_kernel"]
+    relu, memcpy = rows[3], rows[4]
+    assert (relu["name"], relu["calls"], relu["us"]) == (short_kernel_name(RELU), 2, 6.0), "calls aggregate by name"
+    assert (memcpy["name"], memcpy["kind"], memcpy["torchext"]) == ("Memcpy HtoD (Pageable -> Device)", "memcpy", False)
+    assert "40.0%" in describe(r)
+
+
+def test_summarize_without_gpu_activity():
+    r = summarize([])
+    assert r["share"] is None and r["total_us"] == 0.0 and "no GPU activity" in r["reason"]
+    assert describe(r).startswith("torchext share of GPU time: not measured (the profiler recorded no GPU activity")
+
+
+def test_cpu_device_returns_share_none_without_calling_fn():
+    calls = []
+    r = gpu_time_share(lambda: calls.append(1), steps=3, device="cpu")
+    assert calls == [], "nothing to measure on the CPU: fn must not run"
+    assert r["share"] is None and r["steps"] == 0 and r["device"] == "cpu"
+    assert "'cpu'" in r["reason"] and "CUDA" in r["reason"]
+    with pytest.raises(ValueError, match="steps"):
+        gpu_time_share(lambda: None, steps=0, device="cpu")
+
+
+def test_cuda_requested_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    r = gpu_time_share(lambda: None, device="cuda")
+    assert r["share"] is None and "CUDA is not available" in r["reason"]
+    assert gpu_time_share(lambda: None)["device"] == "cpu", "the default device is CUDA only where it exists"
+
+
+def test_context_manager_on_cpu_runs_the_body():
+    model = torchext.nn.ReLU()
+    with GpuTimeProfiler(device="cpu") as p:
+        out = model(torch.tensor([-1.0, 2.0]))
+    assert out.tolist() == [0.0, 2.0]
+    assert p.result["share"] is None and p.result["by_kernel"] == [] and p.result["reason"]
+
+
+def test_real_cpu_profile_has_no_device_events():
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torchext.ops.relu(torch.randn(16))
+    assert any(e.name == "torchext::relu" for e in prof.events()), "the op should be in the CPU trace"
+    assert device_events(prof.events()) == []
+
+
+@gpu
+def test_gpu_time_share_on_cuda():
+    x = torch.randn(1 << 20, device="cuda")
+    w = torch.randn(256, 256, device="cuda")
+
+    def step():
+        y = torchext.ops.relu(x) + 1.0  # one torchext kernel, one stock one
+        torchext.functional.linear(y.view(-1, 256), w, activation="relu")
+        return y
+
+    r = gpu_time_share(step, steps=3, warmup=1)
+    assert r["reason"] is None, r["reason"]
+    assert r["steps"] == 3 and 0.0 < r["share"] < 1.0, r
+    assert r["torchext_us"] > 0 and r["total_us"] >= r["torchext_us"]
+    names = [k["full_name"] for k in r["by_kernel"] if k["torchext"]]
+    assert any("unary_kernel" in n for n in names), names
+    assert all(is_torchext_kernel(n) for n in names)
+    with GpuTimeProfiler() as p:
+        step()
+    assert p.result["share"] is not None and p.result["share"] > 0

@@ -1,0 +1,323 @@
+"""swap_modules: turn a stock model into a torchext one, keeping its parameters, state_dict keys and outputs.
+
+``swap_modules(model)`` walks the module tree and gives every ``nn.Linear`` and every activation module that
+torchext implements torchext's class instead (``torchext.nn`` subclasses the torch.nn classes and only changes
+``forward``). Swapping changes a module's class in place: the module object, its Parameters and buffers (same
+tensors, devices, dtypes, ``requires_grad``), its hooks and its training flag are kept, so an optimizer built
+before the swap still holds the model's parameters. ``inplace=False`` swaps a deep copy instead and leaves the
+argument untouched.
+
+With ``fuse=True``, a Linear directly followed by a ReLU, GELU or SiLU inside an ``nn.Sequential`` becomes one
+``torchext.nn.Linear(activation=...)`` (one kernel: matmul, bias and activation) and the activation's slot becomes
+an ``nn.Identity``; activations hold no parameters, so the state_dict keys do not change. Fusion is skipped where
+it could change what some other code sees: when either module is registered more than once in the model, carries
+hooks, or the Sequential is a subclass with its own ``forward``. Code that walks a Sequential's layers itself
+(``for layer in seq: ...`` keeping the intermediate outputs) would see the Linear's output already activated: use
+``fuse=False`` for such models.
+
+Only exact classes are swapped: a user subclass of ``nn.ReLU`` (or ``nn.Linear``) may have its own ``forward``, so
+it is left stock and named in the report. The report (``SwapReport``) lists what was replaced, what was fused,
+what was left stock and why, and what was torchext's already; swapping a swapped model is a no-op.
+
+Losses are not modules of a model: choose ``torchext.nn.CrossEntropyLoss`` (label smoothing supported) where the
+training loop builds its loss.
+"""
+
+import copy
+from collections import Counter
+from typing import NamedTuple, Optional
+
+from torch import nn
+
+from . import nn as tnn
+from .ops.matmul import activation_name
+
+__all__ = ["swap_modules", "SwapReport", "Replaced", "Fused", "NotFused", "LeftStock", "AlreadyTorchext"]
+
+# Stock class -> torchext class, for the modules that are swapped one for one.
+_ACTIVATIONS: dict[type, type] = {
+    nn.ReLU: tnn.ReLU,
+    nn.LeakyReLU: tnn.LeakyReLU,
+    nn.Sigmoid: tnn.Sigmoid,
+    nn.Tanh: tnn.Tanh,
+    nn.GELU: tnn.GELU,
+    nn.SiLU: tnn.SiLU,
+    nn.Softmax: tnn.Softmax,
+    nn.LogSoftmax: tnn.LogSoftmax,
+}
+_TORCHEXT_CLASSES: tuple[type, ...] = tuple(getattr(tnn, name) for name in tnn.__all__)
+
+# Losses have torchext versions, but a model does not normally hold its loss: the training loop picks it.
+_LOSSES: dict[type, type] = {
+    nn.CrossEntropyLoss: tnn.CrossEntropyLoss,
+    nn.MSELoss: tnn.MSELoss,
+    nn.BCEWithLogitsLoss: tnn.BCEWithLogitsLoss,
+    nn.MultiMarginLoss: tnn.MultiMarginLoss,
+}
+
+# Leaves that do no arithmetic: not worth a line in the report.
+_TRIVIAL = (nn.Identity, nn.Flatten, nn.Unflatten)
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
+
+NO_KERNEL = "no torchext kernel"
+
+
+def _fused_activation(module: nn.Module) -> Optional[str]:
+    """The epilogue name (torchext.ops.matmul.ACTIVATIONS) a Linear can fuse for this activation module, or None
+    if it cannot: only the exact stock or torchext classes of ReLU, GELU (both approximations) and SiLU."""
+    cls = type(module)
+    if cls in (nn.ReLU, tnn.ReLU):
+        return "relu"
+    if cls in (nn.SiLU, tnn.SiLU):
+        return "silu"
+    if cls in (nn.GELU, tnn.GELU):
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(module.approximate)
+    return None
+
+
+def class_name(cls: type) -> str:
+    """``nn.ReLU`` for torch.nn's classes, ``torchext.nn.ReLU`` for torchext's, the full dotted path otherwise."""
+    if getattr(nn, cls.__name__, None) is cls:
+        return f"nn.{cls.__name__}"
+    if getattr(tnn, cls.__name__, None) is cls:
+        return f"torchext.nn.{cls.__name__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class Replaced(NamedTuple):
+    name: str
+    old: str
+    new: str
+
+
+class Fused(NamedTuple):
+    linear: str
+    activation: str
+    epilogue: str  # the Linear's activation argument: relu, gelu, gelu_tanh or silu
+
+
+class NotFused(NamedTuple):
+    linear: str
+    activation: str
+    reason: str
+
+
+class LeftStock(NamedTuple):
+    name: str
+    cls: str
+    reason: str
+
+
+class AlreadyTorchext(NamedTuple):
+    name: str
+    cls: str
+
+
+class SwapReport:
+    """What ``swap_modules`` did. Module names are qualified (``layer1.0.relu1``; the model itself is ``''``).
+
+    ``replaced``: (name, old class, new class) for each module swapped (a fused activation's new class is
+    ``nn.Identity``); ``fused``: (linear, activation, epilogue) pairs; ``not_fused``: (linear, activation, reason)
+    for a Linear followed by a fusable activation in a Sequential that was not fused; ``left_stock``: (name,
+    class, reason) for modules that still run stock code; ``already_torchext``: (name, class); ``model``: the
+    swapped model (the argument itself, or its copy with ``inplace=False``).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.replaced: list[Replaced] = []
+        self.fused: list[Fused] = []
+        self.not_fused: list[NotFused] = []
+        self.left_stock: list[LeftStock] = []
+        self.already_torchext: list[AlreadyTorchext] = []
+
+    @property
+    def counts(self) -> dict[str, object]:
+        """Totals, and per class: {'replaced', 'fused', 'not_fused', 'left_stock', 'already_torchext',
+        'replaced_by_class' (old class -> n), 'left_stock_by_class' (class -> n)}."""
+        return {
+            "replaced": len(self.replaced),
+            "fused": len(self.fused),
+            "not_fused": len(self.not_fused),
+            "left_stock": len(self.left_stock),
+            "already_torchext": len(self.already_torchext),
+            "replaced_by_class": dict(Counter(r.old for r in self.replaced)),
+            "left_stock_by_class": dict(Counter(s.cls for s in self.left_stock)),
+        }
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain lists and dicts of strings and ints, for results.json."""
+        return {
+            "counts": self.counts,
+            "replaced": [r._asdict() for r in self.replaced],
+            "fused": [f._asdict() for f in self.fused],
+            "not_fused": [n._asdict() for n in self.not_fused],
+            "left_stock": [s._asdict() for s in self.left_stock],
+            "already_torchext": [a._asdict() for a in self.already_torchext],
+        }
+
+    def __repr__(self) -> str:
+        c = self.counts
+        return (
+            f"SwapReport(replaced={c['replaced']}, fused={c['fused']}, left_stock={c['left_stock']}, "
+            f"already_torchext={c['already_torchext']})"
+        )
+
+    def __str__(self) -> str:
+        c = self.counts
+        lines = [
+            f"swap_modules: {c['replaced']} replaced, {c['fused']} Linear+activation pair(s) fused, "
+            f"{c['left_stock']} left stock, {c['already_torchext']} already torchext"
+        ]
+        sections = [
+            ("replaced", ("module", "old class", "new class"), self.replaced),
+            ("fused", ("linear", "activation", "epilogue"), self.fused),
+            ("not fused", ("linear", "activation", "reason"), self.not_fused),
+            ("left stock", ("module", "class", "reason"), self.left_stock),
+            ("already torchext", ("module", "class"), self.already_torchext),
+        ]
+        for title, header, rows in sections:
+            if rows:
+                lines += ["", f"{title}:"] + _table(header, [tuple(_display(v) for v in row) for row in rows])
+        return "\n".join(lines)
+
+
+def _display(name: str) -> str:
+    return name if name else "(model)"
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    fmt = "  " + "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*row) for row in rows]
+    return [line.rstrip() for line in out]
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    hook_dicts = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    return any(len(getattr(module, d, None) or {}) for d in hook_dicts)
+
+
+def _plain_sequential(module: nn.Module) -> bool:
+    return isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward
+
+
+def _is_script_module(module: nn.Module) -> bool:
+    try:
+        import torch.jit
+
+        return isinstance(module, torch.jit.ScriptModule)
+    except (ImportError, AttributeError):
+        return False
+
+
+def swap_modules(
+    model: nn.Module, linear: bool = True, activations: bool = True, inplace: bool = True, fuse: bool = True
+) -> SwapReport:
+    """Swap ``model``'s ``nn.Linear`` (``linear=True``) and activation modules (``activations=True``: ReLU,
+    LeakyReLU, Sigmoid, Tanh, GELU, SiLU, Softmax, LogSoftmax) for torchext's, in place (``inplace=True``) or in a
+    deep copy, fusing Linear + ReLU/GELU/SiLU pairs of a Sequential with ``fuse=True`` (which needs both
+    ``linear`` and ``activations``). Returns a ``SwapReport``; ``report.model`` is the swapped model.
+
+    Swap before wrapping the model in ``torch.compile`` or DistributedDataParallel.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"swap_modules: model must be a torch.nn.Module, not {type(model).__name__}")
+    if type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod"):
+        raise ValueError(
+            "swap_modules: this model is already compiled (torch.compile); swap the original module first, then "
+            "compile the swapped one"
+        )
+    if not inplace:
+        model = copy.deepcopy(model)
+    report = SwapReport(model)
+    occurrences = Counter(id(m) for _, m in model.named_modules(remove_duplicate=False))
+    done = set()  # ids of the modules already handled (a shared module is handled once, under its first name)
+
+    def handle(name: str, module: nn.Module) -> bool:
+        """Swap or report one module; False when its children are not to be visited."""
+        cls = type(module)
+        if _is_script_module(module):
+            report.left_stock.append(LeftStock(name, class_name(cls), "TorchScript module: cannot be swapped"))
+            return False
+        if isinstance(module, _TORCHEXT_CLASSES):
+            report.already_torchext.append(AlreadyTorchext(name, class_name(cls)))
+        elif cls is nn.Linear:
+            if linear:
+                module.__class__ = tnn.Linear
+                module.activation = activation_name(None)
+                report.replaced.append(Replaced(name, class_name(cls), class_name(tnn.Linear)))
+            else:
+                report.left_stock.append(LeftStock(name, class_name(cls), "linear=False"))
+        elif cls in _ACTIVATIONS:
+            if activations:
+                module.__class__ = _ACTIVATIONS[cls]
+                report.replaced.append(Replaced(name, class_name(cls), class_name(_ACTIVATIONS[cls])))
+            else:
+                report.left_stock.append(LeftStock(name, class_name(cls), "activations=False"))
+        else:
+            base = next((b for b in (nn.Linear, *_ACTIVATIONS, *_LOSSES) if isinstance(module, b)), None)
+            if base is not None and base in _LOSSES and cls is base:
+                reason = f"a loss: build {class_name(_LOSSES[base])} in the training loop instead"
+                report.left_stock.append(LeftStock(name, class_name(cls), reason))
+            elif base is not None:
+                reason = f"subclass of {class_name(base)}, not {class_name(base)} itself: its forward may differ"
+                report.left_stock.append(LeftStock(name, class_name(cls), reason))
+            elif isinstance(module, _CONTAINERS) or isinstance(module, _TRIVIAL):
+                pass
+            elif next(module.children(), None) is None or next(module.parameters(recurse=False), None) is not None:
+                report.left_stock.append(LeftStock(name, class_name(cls), NO_KERNEL))
+        return True
+
+    def try_fuse(seq_name: str, seq: nn.Sequential) -> None:
+        children = list(seq.named_children())
+        for (lin_key, lin), (act_key, act) in zip(children, children[1:]):
+            epilogue = _fused_activation(act)
+            if epilogue is None or type(lin) not in (nn.Linear, tnn.Linear):
+                continue
+            if isinstance(lin, tnn.Linear) and lin.activation != "none":
+                continue  # already fused
+            if id(lin) in done or id(act) in done:
+                continue
+            lin_name, act_name = f"{seq_name}{lin_key}", f"{seq_name}{act_key}"
+            reason = None
+            if occurrences[id(lin)] > 1:
+                reason = f"{_display(lin_name)} is registered more than once in the model"
+            elif occurrences[id(act)] > 1:
+                reason = f"{_display(act_name)} is registered more than once in the model"
+            elif _has_hooks(lin) or _has_hooks(act):
+                reason = "a hook is registered on one of the two modules"
+            if reason is not None:
+                report.not_fused.append(NotFused(lin_name, act_name, reason))
+                continue
+            old_linear = type(lin)
+            lin.__class__ = tnn.Linear
+            lin.activation = epilogue
+            identity = nn.Identity()
+            identity.train(act.training)
+            setattr(seq, act_key, identity)
+            done.update((id(lin), id(act), id(identity)))
+            report.fused.append(Fused(lin_name, act_name, epilogue))
+            linear_new = f"{class_name(tnn.Linear)}(activation={epilogue!r})"
+            report.replaced.append(Replaced(lin_name, class_name(old_linear), linear_new))
+            report.replaced.append(Replaced(act_name, class_name(type(act)), class_name(nn.Identity)))
+
+    def visit(prefix: str, module: nn.Module) -> None:
+        if fuse and linear and activations and _plain_sequential(module):
+            try_fuse(prefix, module)
+        for key, child in list(module.named_children()):
+            if child is None or id(child) in done:
+                continue
+            done.add(id(child))
+            if handle(f"{prefix}{key}", child):
+                visit(f"{prefix}{key}.", child)
+
+    done.add(id(model))
+    if handle("", model):
+        visit("", model)
+    # Report in module order, not in the order the walk reached them.
+    order = {name: i for i, (name, _) in enumerate(model.named_modules(remove_duplicate=False))}
+    for rows in (report.replaced, report.left_stock, report.already_torchext):
+        rows.sort(key=lambda r: order.get(r[0], len(order)))
+    return report
