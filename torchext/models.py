@@ -10,7 +10,7 @@ name                       parameters   what it is (10 classes)
 =========================  ===========  =============================================================
 ``resnet18_cifar``         11,173,962   ResNet-18 for 32x32: 3x3 stride-1 stem, no max-pool
 ``resnet18_torchvision``   11,181,642   torchvision's ResNet-18 as is (7x7 stride-2 stem, max-pool)
-``cnn_cifar``              2,169,578    two conv pairs and a dense layer, with batch norm and dropout
+``cnn_cifar``              1,252,074    two conv pairs and a dense layer, with batch norm and dropout
 ``mlp``                    1,707,274    3072-512-256-10
 =========================  ===========  =============================================================
 """
