@@ -171,7 +171,7 @@ def test_summary_numbers(mlp_run):
     ratios = [x["models"]["torchext"]["epochs"][1]["epoch_time_s"] / x["models"]["stock"]["epochs"][1]["epoch_time_s"]
               for x in results["seeds"]]  # fmt: skip
     assert s["epoch_time_ratio"]["values"] == pytest.approx(ratios)
-    assert s["timed_epochs"] == "2-2"
+    assert s["timed_epochs"] == "2"
     accs = [x["models"]["stock"]["final_val_accuracy"] for x in results["seeds"]]
     mean = sum(accs) / 2
     assert s["models"]["stock"]["final_val_accuracy"]["std"] == pytest.approx(
@@ -189,7 +189,7 @@ def test_summary_md(mlp_run):
     acc = s["models"]["stock"]["final_val_accuracy"]
     assert f"{100 * acc['mean']:.2f} ± {100 * acc['std']:.2f}%" in text
     assert f"{s['epoch_time_ratio']['mean']:.3f} ± {s['epoch_time_ratio']['std']:.3f}x" in text
-    assert "leave out epoch 1" in text and "epochs 2-2" in text
+    assert "leave out epoch 1" in text and "| epoch time (s), epochs 2 |" in text
     assert "measured on CUDA devices only" in text
     assert "GPU-time share of torchext kernels: not measured" in text
     assert "Swap report" in text and str(results["swap_report_text"]).splitlines()[0] in text
@@ -319,20 +319,25 @@ def test_gpu_time_share_adapter(monkeypatch):
     calls = []
     fake = types.ModuleType("torchext.profiling")
 
-    def gpu_time_share(step, steps):
+    def gpu_time_share(step, steps, device=None):
         for _ in range(steps):
             step()
-        calls.append(steps)
-        return 0.42
+        calls.append((steps, device))
+        return {"share": 0.42, "total_us": 1500.0, "steps": steps, "reason": None}
 
     fake.gpu_time_share = gpu_time_share
     monkeypatch.setitem(sys.modules, "torchext.profiling", fake)
     monkeypatch.setattr(torchext, "profiling", fake, raising=False)
     counter = []
-    assert compare._gpu_time_share(lambda: counter.append(1), 3) == {"torchext_share": 0.42}
-    assert calls == [3] and len(counter) == 3
-    assert "42.0% of the torchext model's GPU time" in compare._share_text({"torchext_share": 0.42})
-    fake.gpu_time_share = lambda step, steps: (_ for _ in ()).throw(RuntimeError("no CUPTI"))
+    result = compare._gpu_time_share(lambda: counter.append(1), 3, torch.device("cpu"))
+    assert result["share"] == 0.42 and calls == [(3, torch.device("cpu"))] and len(counter) == 3
+    assert (
+        compare._share_text(result) == "42.0% of the torchext model's GPU time (1.50 ms over 3 profiled training steps)"
+    )
+    assert compare._share_text({"share": None, "reason": "no CUPTI"}) == "not measured (no CUPTI)"
+    fake.gpu_time_share = lambda step, steps, device: 0.25
+    assert compare._gpu_time_share(lambda: None, 1) == {"share": 0.25}
+    fake.gpu_time_share = lambda step, steps, device: (_ for _ in ()).throw(RuntimeError("no CUPTI"))
     with pytest.warns(UserWarning, match="no CUPTI"):
         assert compare._gpu_time_share(lambda: None, 1) == {"error": "RuntimeError: no CUPTI"}
 

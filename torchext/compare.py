@@ -699,18 +699,19 @@ def _jsonable(obj):
     return str(obj)
 
 
-def _gpu_time_share(step, steps: int):
-    """The torchext model's GPU-time share from ``torchext.profiling.gpu_time_share(step, steps=...)``, as a dict
-    (a bare number becomes ``{"torchext_share": x}``). A failure is recorded, not raised: it must not lose a run."""
+def _gpu_time_share(step, steps: int, device=None):
+    """``torchext.profiling.gpu_time_share(step, steps=..., device=...)``: the share of GPU time in torchext's
+    kernels (``share``, ``total_us``, ``torchext_us``, ``by_kernel``, ...) as a dict; a bare number becomes
+    ``{"share": x}``. A failure is recorded, not raised: it must not lose a finished run."""
     try:
         from . import profiling
 
-        result = profiling.gpu_time_share(step, steps=steps)
+        result = profiling.gpu_time_share(step, steps=steps, device=device)
     except Exception as e:  # noqa: BLE001 - reported in the results instead
         warnings.warn(f"torchext-compare: the GPU-time share could not be measured: {e}", stacklevel=2)
         return {"error": f"{type(e).__name__}: {e}"}
     if isinstance(result, (int, float)):
-        return {"torchext_share": float(result)}
+        return {"share": float(result)}
     return _jsonable(result)
 
 
@@ -951,7 +952,7 @@ def _run_seed(seed, cfg, data, val_loader, device, dist: _Dist, results: dict, b
             def step():
                 _train_step(ours_c, model, xb, yb, device, cfg.amp)
 
-            results["gpu_time_share"] = _gpu_time_share(step, cfg.profile_steps)
+            results["gpu_time_share"] = _gpu_time_share(step, cfg.profile_steps, device)
         if dist.world > 1:
             import torch.distributed as tdist
 
@@ -1015,7 +1016,7 @@ def summarize(results: dict) -> dict:
         "images_per_s_ratio": paired("images_per_s", "ratio"),
         "peak_allocated_ratio": paired("peak_allocated_bytes", "ratio"),
         "peak_reserved_ratio": paired("peak_reserved_bytes", "ratio"),
-        "timed_epochs": f"2-{n_epochs}" if n_epochs > 1 else "1",
+        "timed_epochs": f"2-{n_epochs}" if n_epochs > 2 else str(n_epochs),
         "seeds": len(results["seeds"]),
     }
 
@@ -1038,12 +1039,18 @@ def _pm_signed(s: dict | None, scale: float = 1.0, digits: int = 2, suffix: str 
 def _share_text(share) -> str:
     if share is None:
         return "not measured (CUDA only)"
-    if isinstance(share, dict):
-        for key in ("torchext_share", "share", "torchext_fraction", "fraction"):
-            if isinstance(share.get(key), (int, float)):
-                return f"{100 * share[key]:.1f}% of the torchext model's GPU time"
-        return "`" + json.dumps(share, sort_keys=True) + "`"
-    return str(share)
+    if not isinstance(share, dict):
+        return str(share)
+    if share.get("error"):
+        return f"not measured ({share['error']})"
+    if isinstance(share.get("share"), (int, float)):
+        text = f"{100 * share['share']:.1f}% of the torchext model's GPU time"
+        if isinstance(share.get("total_us"), (int, float)) and share.get("steps"):
+            text += f" ({share['total_us'] / 1000:.2f} ms over {share['steps']} profiled training steps)"
+        return text
+    if share.get("reason"):
+        return f"not measured ({share['reason']})"
+    return "`" + json.dumps(share, sort_keys=True) + "`"
 
 
 def render_summary(results: dict) -> str:
@@ -1091,7 +1098,11 @@ def render_summary(results: dict) -> str:
     if timed == "1":
         lines.append("Speed figures include epoch 1 (the only epoch), with its warm-up (cudnn benchmark, compile).")
     else:
-        warmup = "the cudnn benchmark" + (" and torch.compile" if cfg["compile"] else "")
+        on_cuda = str(env["device"]).startswith("cuda")
+        warmup = " and ".join(
+            (["the cudnn benchmark"] if on_cuda else ["first-call allocations"])
+            + (["torch.compile"] if cfg["compile"] else [])
+        )
         lines.append(
             f"Speed figures leave out epoch 1, which includes {warmup} warm-up: they cover epochs {timed}. Epoch "
             "time is training only (validation not timed); the ratio is torchext / stock, below 1 means torchext "
