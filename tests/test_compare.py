@@ -1,0 +1,388 @@
+"""torchext.compare (the torchext-compare tool), on the CPU with synthetic data and tiny settings: the results.json
+schema and values, summary.md, the plots, the command line and the recipes, clear errors, and a 2-process torchrun
+(gloo) run."""
+
+import copy
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import torchext
+from torchext import compare
+from torchext.compare import CompareConfig, CompareError
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(TESTS_DIR)
+PLOTS = ("loss_curves.png", "accuracy_curves.png", "confusion_matrices.png", "speed.png", "memory.png")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A stand-in for torchext.swap_modules until it is merged (tests only; the real one is used when present).
+
+
+class _FallbackReport:
+    def __init__(self, model, replaced, kept):
+        self.model, self.replaced, self.kept = model, replaced, kept
+
+    def as_dict(self):
+        return {"replaced": self.replaced, "kept": self.kept}
+
+    def __str__(self):
+        return f"replaced {len(self.replaced)} modules: " + ", ".join(f"{n} ({k})" for n, k in self.replaced)
+
+
+def _fallback_swap_modules(model, linear=True, activations=True, inplace=True, fuse=True):
+    if not inplace:
+        model = copy.deepcopy(model)
+    replaced, kept = [], []
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            full = f"{name}.{child_name}" if name else child_name
+            if linear and type(child) is nn.Linear:
+                setattr(module, child_name, torchext.nn.Linear.from_torch(child))
+                replaced.append((full, "Linear"))
+            elif activations and type(child) is nn.ReLU:
+                setattr(module, child_name, torchext.nn.ReLU())
+                replaced.append((full, "ReLU"))
+            elif not list(child.children()):
+                kept.append(full)
+    return _FallbackReport(model, replaced, kept)
+
+
+def install_fallbacks():
+    """Puts the stand-in in place where torchext has no swap_modules yet; returns whether it did."""
+    if hasattr(torchext, "swap_modules"):
+        return False
+    torchext.swap_modules = _fallback_swap_modules
+    return True
+
+
+@pytest.fixture(autouse=True)
+def _swap_modules(monkeypatch):
+    if not hasattr(torchext, "swap_modules"):
+        monkeypatch.setattr(torchext, "swap_modules", _fallback_swap_modules, raising=False)
+
+
+def tiny(tmp_path, **kw):
+    base = dict(
+        model="mlp", data="synthetic", synthetic_train=320, synthetic_val=100, epochs=2, seeds=(0, 1),
+        batch_size=64, device="cpu", out=str(tmp_path / "out"), quiet=True, val_batch_size=64,
+    )  # fmt: skip
+    base.update(kw)
+    return CompareConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def mlp_run(tmp_path_factory):
+    """One tiny mlp comparison shared by the schema, summary and plot tests."""
+    out = tmp_path_factory.mktemp("mlp")
+    with pytest.MonkeyPatch.context() as mp:
+        if not hasattr(torchext, "swap_modules"):
+            mp.setattr(torchext, "swap_modules", _fallback_swap_modules, raising=False)
+        torch.manual_seed(0)
+        t0 = time.perf_counter()
+        results = compare.run(tiny(out))
+        elapsed = time.perf_counter() - t0
+    return results, out / "out", elapsed
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# results.json
+
+
+def test_results_schema(mlp_run):
+    results, out, elapsed = mlp_run
+    assert elapsed < 60, f"the tiny mlp comparison took {elapsed:.1f} s"
+    on_disk = json.loads((out / "results.json").read_text())
+    assert on_disk == results, "[results.json] differs from run()'s return value"
+    for key in ("config", "environment", "data", "seeds", "swap_report", "gpu_time_share", "memory", "summary"):
+        assert key in results, f"[results.json] has no {key!r}"
+    cfg = results["config"]
+    assert cfg["model"] == "mlp" and cfg["seeds"] == [0, 1] and cfg["epochs"] == 2 and cfg["batch_size"] == 64
+    assert cfg["optimizer"] == "adam" and cfg["lr"] == 1e-3 and cfg["label_smoothing"] == 0.0, "[config] recipe"
+    assert sorted(cfg["overrides"]) == ["batch_size", "epochs"]
+    env = results["environment"]
+    assert env["torch"] == torch.__version__ and env["torchext"] == torchext.__version__
+    assert env["device"] == "cpu" and env["gpu"] is None and env["world_size"] == 1
+    assert "date" in env and "cuda" in env
+    assert results["data"]["val_source"].startswith("synthetic")
+    assert results["data"]["train_images"] == 320 and results["data"]["val_images"] == 100
+    assert results["gpu_time_share"] is None, "the GPU-time share is CUDA-only"
+    assert results["memory"]["allocator"] == "default" and results["memory"]["pool_stats"] is None
+    assert results["parameters"]["stock"] == results["parameters"]["torchext"] == 1_707_274
+    assert results["swap_report"], "[swap_report] empty"
+
+    assert [s["seed"] for s in results["seeds"]] == [0, 1]
+    for s in results["seeds"]:
+        assert set(s["models"]) == {"stock", "torchext"}
+        for name, m in s["models"].items():
+            epochs = m["epochs"]
+            assert [e["epoch"] for e in epochs] == [1, 2]
+            for e in epochs:
+                assert e["images"] == 5 * 64, f"[{name} images] 320 images in full batches of 64 is 5 steps"
+                assert e["epoch_time_s"] > 0 and e["images_per_s"] == pytest.approx(e["images"] / e["epoch_time_s"])
+                assert 0 <= e["val_accuracy"] <= 1 and e["val_loss"] > 0 and e["train_loss"] > 0
+                assert e["peak_allocated_bytes"] is None and e["peak_reserved_bytes"] is None, "no memory on CPU"
+            # alternation: stock runs first on epoch 1, torchext first on epoch 2
+            expected = [0, 1] if name == "stock" else [1, 0]
+            assert [e["position"] for e in epochs] == expected, f"[{name} position] not alternating"
+            cm = torch.tensor(m["confusion_matrix"])
+            assert cm.shape == (10, 10) and int(cm.sum()) == 100, "[confusion] one entry per val image"
+            assert m["final_val_accuracy"] == pytest.approx(float(cm.diagonal().sum()) / 100)
+            assert m["final_val_accuracy"] == epochs[-1]["val_accuracy"]
+
+
+def test_identical_start_and_close_losses(mlp_run):
+    """Same initial weights and batches: in float32 on the CPU the two models' losses agree closely."""
+    results, _, _ = mlp_run
+    for s in results["seeds"]:
+        stock, ours = s["models"]["stock"]["epochs"], s["models"]["torchext"]["epochs"]
+        assert ours[0]["train_loss"] == pytest.approx(stock[0]["train_loss"], rel=1e-4), f"[seed {s['seed']} epoch 1]"
+        assert ours[1]["val_loss"] == pytest.approx(stock[1]["val_loss"], rel=1e-3), f"[seed {s['seed']} val loss]"
+    a, b = (results["seeds"][i]["models"]["stock"]["epochs"][0]["train_loss"] for i in (0, 1))
+    assert a != b, "seeds 0 and 1 gave the same loss: the seed is not used"
+    first, last = (results["seeds"][0]["models"]["stock"]["epochs"][i]["train_loss"] for i in (0, -1))
+    assert last < first, "the training loss did not go down on learnable synthetic data"
+
+
+def test_cnn_with_dropout_matches(tmp_path):
+    """cnn_cifar has dropout and batch norm: both models draw the same dropout masks, so the losses still agree."""
+    results = compare.run(tiny(tmp_path, model="cnn_cifar", epochs=1, seeds=(3,), synthetic_train=128, batch_size=32))
+    stock, ours = (results["seeds"][0]["models"][n]["epochs"][0] for n in ("stock", "torchext"))
+    assert ours["train_loss"] == pytest.approx(stock["train_loss"], rel=1e-4)
+    assert ours["val_accuracy"] == pytest.approx(stock["val_accuracy"], abs=0.02)
+    assert results["config"]["channels_last"] is False and results["config"]["amp"] == "none"
+
+
+def test_summary_numbers(mlp_run):
+    results, _, _ = mlp_run
+    s = results["summary"]
+    acc = [x["models"]["torchext"]["final_val_accuracy"] - x["models"]["stock"]["final_val_accuracy"]
+           for x in results["seeds"]]  # fmt: skip
+    assert s["accuracy_diff"]["mean"] == pytest.approx(sum(acc) / 2)
+    # speed figures leave out epoch 1: with 2 epochs they are epoch 2's
+    ratios = [x["models"]["torchext"]["epochs"][1]["epoch_time_s"] / x["models"]["stock"]["epochs"][1]["epoch_time_s"]
+              for x in results["seeds"]]  # fmt: skip
+    assert s["epoch_time_ratio"]["values"] == pytest.approx(ratios)
+    assert s["timed_epochs"] == "2"
+    accs = [x["models"]["stock"]["final_val_accuracy"] for x in results["seeds"]]
+    mean = sum(accs) / 2
+    assert s["models"]["stock"]["final_val_accuracy"]["std"] == pytest.approx(
+        (sum((a - mean) ** 2 for a in accs)) ** 0.5  # sample std over 2 seeds
+    )
+    assert s["peak_allocated_ratio"] is None and s["models"]["stock"]["peak_allocated_bytes"] is None
+
+
+def test_summary_md(mlp_run):
+    results, out, _ = mlp_run
+    text = (out / "summary.md").read_text()
+    s = results["summary"]
+    assert text.startswith("# torchext vs stock PyTorch: mlp")
+    assert results["data"]["val_source"] in text, "summary.md must say which validation set was used"
+    acc = s["models"]["stock"]["final_val_accuracy"]
+    assert f"{100 * acc['mean']:.2f} ± {100 * acc['std']:.2f}%" in text
+    assert f"{s['epoch_time_ratio']['mean']:.3f} ± {s['epoch_time_ratio']['std']:.3f}x" in text
+    assert "leave out epoch 1" in text and "| epoch time (s), epochs 2 |" in text
+    assert "measured on CUDA devices only" in text
+    assert "GPU-time share of torchext kernels: not measured" in text
+    assert "Swap report" in text and str(results["swap_report_text"]).splitlines()[0] in text
+    assert text == compare.render_summary(results)
+
+
+def test_plots(mlp_run, tmp_path):
+    pytest.importorskip("matplotlib")
+    results, out, _ = mlp_run
+    for name in PLOTS:
+        path = out / name
+        assert path.is_file() and path.stat().st_size > 5000, f"[{name}] missing or empty"
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"[{name}] is not a PNG"
+    paths = compare.make_plots(results, str(tmp_path / "again"))
+    assert sorted(os.path.basename(p) for p in paths) == sorted(PLOTS)
+
+
+def test_make_plots_with_memory(mlp_run, tmp_path):
+    """The memory bars are drawn from CUDA figures when there are some (faked here)."""
+    pytest.importorskip("matplotlib")
+    results = copy.deepcopy(mlp_run[0])
+    for s in results["seeds"]:
+        for i, m in enumerate(s["models"].values()):
+            m["peak_allocated_bytes"], m["peak_reserved_bytes"] = (100 + i) << 20, (150 + i) << 20
+    results["summary"] = compare.summarize(results)
+    assert results["summary"]["peak_allocated_ratio"]["mean"] == pytest.approx(101 / 100)
+    compare.make_plots(results, str(tmp_path))
+    assert (tmp_path / "memory.png").stat().st_size > 5000
+    text = compare.render_summary(results)
+    assert "| peak allocated (MiB) | 100.0 ± 0.0 | 101.0 ± 0.0 | 1.010 ± 0.000x |" in text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command line and recipes
+
+
+def test_recipes_and_overrides():
+    r = CompareConfig(model="resnet18_cifar").resolved()
+    assert (r.optimizer, r.nesterov, r.momentum, r.schedule, r.weight_decay) == ("sgd", True, 0.9, "onecycle", 5e-4)
+    assert (r.label_smoothing, r.batch_size, r.amp, r.channels_last, r.epochs) == (0.1, 512, "bf16", True, 15)
+    c = CompareConfig(model="cnn_cifar").resolved()
+    assert (c.optimizer, c.lr, c.batch_size, c.epochs, c.label_smoothing) == ("adam", 1e-3, 128, 20, 0.0)
+    args = compare.build_parser().parse_args(["--model", "resnet18_cifar", "--lr", "0.05", "--no-channels-last"])
+    cfg = compare.config_from_args(args)
+    assert cfg.overrides() == ["lr", "channels_last"]
+    r = cfg.resolved()
+    assert r.lr == 0.05 and r.channels_last is False and r.batch_size == 512 and r.amp == "bf16"
+    o = compare.config_from_args(compare.build_parser().parse_args(["--model", "cnn_cifar", "--optimizer", "sgd"]))
+    assert o.resolved().optimizer == "sgd" and o.resolved().lr == 1e-3
+
+
+def test_cli_parsing_and_argv_round_trip():
+    argv = ["--model", "mlp", "--epochs", "3", "--batch-size", "32", "--seeds", "4, 2", "--amp", "none",
+            "--compile", "--data", "synthetic", "--device", "cpu", "--no-fuse", "--out", "x", "--quiet"]  # fmt: skip
+    cfg = compare.config_from_args(compare.build_parser().parse_args(argv))
+    assert cfg.seeds == (4, 2) and cfg.epochs == 3 and cfg.compile and cfg.fuse is False and cfg.amp == "none"
+    assert cfg.lr is None, "an option not given stays None (the recipe fills it)"
+    for c in (
+        cfg,
+        CompareConfig(),
+        CompareConfig(model="resnet18_cifar", nesterov=False, allocator="pool", child=True),
+    ):
+        back = compare.config_from_args(compare.build_parser().parse_args(c.to_argv()))
+        assert back == c, f"[to_argv] {c.to_argv()}"
+
+
+def test_help_documents_recipes(capsys):
+    with pytest.raises(SystemExit) as e:
+        compare.main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert "resnet18_cifar: sgd lr 0.2 momentum 0.9 nesterov, weight decay 0.0005, onecycle schedule" in text
+    assert "label smoothing 0.1, batch 512, amp bf16, channels-last, 15 epochs" in text
+    assert "cnn_cifar: adam lr 0.001, weight decay 0, constant schedule, label smoothing 0, batch 128" in text
+    assert "--allocator" in text and "--_child" not in text
+    for recipe_word in ("Nesterov momentum 0.9", "label smoothing 0.1", "batch 512", "Adam lr 1e-3", "batch 128"):
+        assert recipe_word in compare.__doc__
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model", "vgg"], "invalid choice: 'vgg'"),
+        (["--seeds", "0,x"], "comma-separated list of integers"),
+        (["--seeds", "1,1"], "repeated seed"),
+        (["--seeds", "-1"], "non-negative"),
+        (["--amp", "fp8"], "invalid choice: 'fp8'"),
+        (["--model", "mlp", "--device", "cpu", "--allocator", "pool"], "--allocator pool needs a CUDA device"),
+        (["--model", "mlp", "--device", "cpu", "--amp", "bf16"], "--amp bf16 needs a CUDA device"),
+        (["--model", "mlp", "--device", "cpu", "--epochs", "0"], "--epochs must be >= 1"),
+        (["--model", "mlp", "--device", "tpu"], "--device"),
+        (["--model", "mlp", "--device", "cpu", "--data", "/nonexistent/cifar"], "--data /nonexistent/cifar: CIFAR"),
+    ],
+)
+def test_bad_arguments(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        compare.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+
+
+def test_library_errors(tmp_path):
+    with pytest.raises(CompareError, match="unknown model 'vgg'"):
+        compare.run(CompareConfig(model="vgg"))
+    with pytest.raises(CompareError, match="comma-separated"):
+        CompareConfig(seeds="0,,1")
+    with pytest.raises(CompareError, match="--allocator pool needs a CUDA device"):
+        compare.run(tiny(tmp_path, allocator="pool"))
+    with pytest.raises(CompareError, match="larger than the 320 training images"):
+        compare.run(tiny(tmp_path, batch_size=512))
+
+
+def test_recipe_amp_falls_back_on_cpu(tmp_path, monkeypatch):
+    """A recipe's bf16 autocast (not asked for explicitly) trains in float32 on the CPU and says so."""
+    monkeypatch.setitem(compare.RECIPES, "mlp", {**compare.RECIPES["mlp"], "amp": "bf16"})
+    results = compare.run(tiny(tmp_path, seeds=(0,), epochs=1))
+    assert results["config"]["amp"] == "none"
+    assert any("bf16 autocast is CUDA-only" in n for n in results["notes"])
+    assert "Note: the mlp recipe's bf16 autocast" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_gpu_time_share_adapter(monkeypatch):
+    """torchext.profiling's answer is stored as a dict; a failure is recorded instead of ending the run."""
+    import types
+
+    calls = []
+    fake = types.ModuleType("torchext.profiling")
+
+    def gpu_time_share(step, steps, device=None):
+        for _ in range(steps):
+            step()
+        calls.append((steps, device))
+        return {"share": 0.42, "total_us": 1500.0, "steps": steps, "reason": None}
+
+    fake.gpu_time_share = gpu_time_share
+    monkeypatch.setitem(sys.modules, "torchext.profiling", fake)
+    monkeypatch.setattr(torchext, "profiling", fake, raising=False)
+    counter = []
+    result = compare._gpu_time_share(lambda: counter.append(1), 3, torch.device("cpu"))
+    assert result["share"] == 0.42 and calls == [(3, torch.device("cpu"))] and len(counter) == 3
+    assert (
+        compare._share_text(result) == "42.0% of the torchext model's GPU time (1.50 ms over 3 profiled training steps)"
+    )
+    assert compare._share_text({"share": None, "reason": "no CUPTI"}) == "not measured (no CUPTI)"
+    fake.gpu_time_share = lambda step, steps, device: 0.25
+    assert compare._gpu_time_share(lambda: None, 1) == {"share": 0.25}
+    fake.gpu_time_share = lambda step, steps, device: (_ for _ in ()).throw(RuntimeError("no CUPTI"))
+    with pytest.warns(UserWarning, match="no CUPTI"):
+        assert compare._gpu_time_share(lambda: None, 1) == {"error": "RuntimeError: no CUPTI"}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torchrun, 2 processes on the CPU (gloo)
+
+_TORCHRUN_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+import test_compare
+test_compare.install_fallbacks()
+from torchext.compare import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_torchrun_two_processes(tmp_path, mlp_run):
+    """DistributedDataParallel over 2 gloo ranks: each trains on half of every global batch of 64; the figures are
+    summed over ranks, only rank 0 writes, and the losses track the single-process run of the same seeds."""
+    script = tmp_path / "launch.py"
+    script.write_text(_TORCHRUN_SCRIPT.format(tests=TESTS_DIR))
+    out = tmp_path / "ddp"
+    args = ["--model", "mlp", "--data", "synthetic", "--synthetic-train", "320", "--synthetic-val", "100",
+            "--epochs", "2", "--seeds", "0,1", "--batch-size", "64", "--val-batch-size", "64", "--device", "cpu",
+            "--out", str(out), "--quiet"]  # fmt: skip
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")])
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["environment"]["world_size"] == 2
+    assert (out / "summary.md").is_file()
+    has_matplotlib = importlib.util.find_spec("matplotlib") is not None
+    for name in PLOTS:
+        assert (out / name).is_file() == has_matplotlib, name
+    single = mlp_run[0]
+    for s, s1 in zip(results["seeds"], single["seeds"]):
+        for name in ("stock", "torchext"):
+            m, m1 = s["models"][name], s1["models"][name]
+            assert int(torch.tensor(m["confusion_matrix"]).sum()) == 100, "[ddp confusion] every val image once"
+            assert [e["images"] for e in m["epochs"]] == [320, 320], "[ddp images] global batches of 64"
+            # the gradient of the mean over 64 images is the same whether computed in one process or two halves
+            assert m["epochs"][0]["train_loss"] == pytest.approx(m1["epochs"][0]["train_loss"], rel=1e-3), name
+        a, b = (s["models"][n]["epochs"][0]["train_loss"] for n in ("stock", "torchext"))
+        assert a == pytest.approx(b, rel=1e-4)
