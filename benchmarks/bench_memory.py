@@ -20,12 +20,12 @@ carries the GPU, torch, CUDA and date. Without --out the CSV goes to benchmarks/
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import math
 import os
 import random
-import statistics
 import subprocess
 import sys
 import time
@@ -37,7 +37,9 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 
-from common import CsvWriter, environment  # noqa: E402
+from common import CsvWriter, environment, quantiles  # noqa: E402
+
+from torchext.memory import load_trace, replay_trace  # noqa: E402
 
 TRACE = os.path.join(HERE, "results", "resnet18_alloc_trace.json.gz")
 TORCH_ALLOCATORS = ("caching", "best_fit", "pow2", "cuda_malloc_async")  # what PyTorch can run on, per process
@@ -47,11 +49,6 @@ LOOP_ALLOCATORS = ("best_fit", "pow2", "caching", "cuda_malloc_async", "cuda_mal
 def mixed_sizes(n=1000, lo=512, hi=64 << 20, seed=0):
     rng = random.Random(seed)
     return [int(math.exp(rng.uniform(math.log(lo), math.log(hi)))) for _ in range(n)]
-
-
-def quantiles(samples):
-    q = statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 else [samples[0]] * 9
-    return statistics.median(samples), q[1], q[7]
 
 
 # ------------------------------------------------------------------------------------------------ child processes
@@ -104,34 +101,12 @@ def worker_empty(args) -> dict:
     return out
 
 
-def load_trace(path: str) -> dict:
-    with gzip.open(path, "rt") as f:
-        return json.load(f)
-
-
-def replay_peaks(events, alloc, free) -> int:
-    """Replays the trace through alloc(size) -> handle and free(handle); returns the peak of requested bytes."""
-    live, current, peak = {}, 0, 0
-    for op, ident, size in events:
-        if op == "a":
-            live[ident] = (alloc(size), size)
-            current += size
-            peak = max(peak, current)
-        else:
-            handle, size = live.pop(ident)
-            free(handle)
-            current -= size
-    for handle, _ in live.values():
-        free(handle)
-    return peak
-
-
 def worker_replay(args) -> dict:
     trace = load_trace(args.trace)
     torch.cuda.init()
     torch.cuda.reset_peak_memory_stats()
     stream = torch.cuda.current_stream()
-    peak_requested = replay_peaks(
+    peak_requested = replay_trace(
         trace["events"],
         lambda n: torch.cuda.caching_allocator_alloc(n, 0, stream),
         torch.cuda.caching_allocator_delete,
@@ -252,7 +227,7 @@ def part_loop(csv, args, report):
                     del pool
                 else:
                     samples.append(Pool.time_baseline_alloc_free(allocator, 0, sizes, live, rounds))
-            p50, p20, p80 = quantiles(samples)
+            p50, p20, p80 = dataclasses.astuple(quantiles(samples))
             csv.row("alloc_free_loop", allocator, f"live{live}", [len(sizes)], "uint8", "time", "ns", p50, p20, p80)
             results[(allocator, live)] = p50
             cells.append(f"{p50:,.0f}")
@@ -279,7 +254,7 @@ def part_empty(csv, args, report):
     med = {}
     for allocator in TORCH_ALLOCATORS:
         for k, s in samples[allocator].items():
-            p50, p20, p80 = quantiles(s)
+            p50, p20, p80 = dataclasses.astuple(quantiles(s))
             med[(allocator, k)] = p50
             csv.row("torch_empty_free", allocator, k, [1000], "uint8", "time", "ns", p50, p20, p80)
     for allocator in TORCH_ALLOCATORS:
@@ -381,7 +356,7 @@ def part_epoch(csv, args, report):
     )
     med = {}
     for allocator, t in times.items():
-        p50, p20, p80 = quantiles(t)
+        p50, p20, p80 = dataclasses.astuple(quantiles(t))
         med[allocator] = p50
         csv.row(
             "resnet18_epoch", allocator, "train", [runs[allocator]["images"]], "bfloat16", "time", "s", p50, p20, p80

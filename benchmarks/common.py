@@ -42,7 +42,8 @@ class Timing:
     p80: float
 
 
-def _quantiles(samples) -> Timing:
+def quantiles(samples) -> Timing:
+    """Median, 20th and 80th percentiles of samples (any unit)."""
     q = statistics.quantiles(samples, n=10, method="inclusive")
     return Timing(p50=statistics.median(samples), p20=q[1], p80=q[7])
 
@@ -57,7 +58,7 @@ def time_fn(fn, device: str, warmup: int = 5, reps: int = 30, flush_l2: bool = T
             t0 = time.perf_counter()
             fn()
             samples.append((time.perf_counter() - t0) * 1e6)
-        return _quantiles(samples)
+        return quantiles(samples)
     torch.cuda.synchronize()
     flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device=device) if flush_l2 else None
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
@@ -69,7 +70,7 @@ def time_fn(fn, device: str, warmup: int = 5, reps: int = 30, flush_l2: bool = T
         fn()
         ends[i].record()
     torch.cuda.synchronize()
-    return _quantiles([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
+    return quantiles([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
 
 
 def time_once(fn, device: str, flush_l2: bool = True):
@@ -120,7 +121,7 @@ def device_time_fn(fn, device: str, warmup: int = 3, reps: int = 10) -> Timing:
         samples.append(
             sum(e.self_device_time_total for e in prof.key_averages() if e.device_type == DeviceType.CUDA)
         )
-    return _quantiles(samples)
+    return quantiles(samples)
 
 
 def environment(device: str) -> dict:

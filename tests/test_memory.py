@@ -1057,36 +1057,17 @@ TRACE = os.path.join(
 )
 
 
-def replay(pool: Pool, events) -> int:
-    """Replays (op, id, size) events, then frees what is left; returns the peak of requested bytes."""
-    live, current, peak = {}, 0, 0
-    for op, ident, size in events:
-        if op == "a":
-            live[ident] = (pool.allocate(size), size)
-            current += size
-            peak = max(peak, current)
-        else:
-            address, size = live.pop(ident)
-            pool.free(address)
-            current -= size
-    for address, _ in live.values():  # the model, its gradients and optimizer state outlive the recorded steps
-        pool.free(address)
-    return peak
-
-
 @pytest.mark.skipif(not os.path.exists(TRACE), reason="no recorded trace")
 def test_resnet18_trace_replay_reserved_stays_within_5_percent_of_requested():
     """The pool's policy on real training steps: peak reserved / peak requested <= 1.05 (the benchmark reports the
     same figure on the GPU beside PyTorch's allocator), and the power-of-two baseline pays visibly more."""
-    import gzip
-    import json
+    from torchext.memory import load_trace, replay_trace
 
-    with gzip.open(TRACE, "rt") as f:
-        events = json.load(f)["events"]
+    events = load_trace(TRACE)["events"]
     ratios = {}
     for kind in KINDS:
         pool = Pool(kind)
-        peak = replay(pool, events)
+        peak = replay_trace(events, pool.allocate, pool.free)
         ratios[kind] = pool.stats()["reserved_bytes_peak"] / peak
         check_everything_free(pool, f"{kind} after the trace")
     assert ratios["best_fit"] <= 1.05, f"best_fit peak reserved / peak requested = {ratios['best_fit']:.3f}"

@@ -333,7 +333,9 @@ def test_standalone_cuda_pool_and_device_guard():
     assert pool.stats()["reserved_bytes"] == 0
 
 
-def _stress_binary(tmp_path_factory):
+@pytest.fixture(scope="module")
+def stress_binary(tmp_path_factory):
+    """tests/pool_stress.cu compiled with nvcc (cuda_ops' pool sources only, no torch)."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc not found")
@@ -354,11 +356,6 @@ def _stress_binary(tmp_path_factory):
         check=True,
     )
     return str(out)
-
-
-@pytest.fixture(scope="module")
-def stress_binary(tmp_path_factory):
-    return _stress_binary(tmp_path_factory)
 
 
 @pytest.mark.slow

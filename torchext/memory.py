@@ -28,6 +28,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gzip
+import json
 
 import torch
 
@@ -45,31 +47,12 @@ __all__ = [
     "reset_peak_stats",
     "empty_cache",
     "device_pool",
+    "load_trace",
+    "replay_trace",
     "KINDS",
 ]
 
 KINDS = ("best_fit", "pow2")
-
-_INT_STATS = (
-    "allocated_bytes",
-    "allocated_bytes_peak",
-    "requested_bytes",
-    "requested_bytes_peak",
-    "reserved_bytes",
-    "reserved_bytes_peak",
-    "active_blocks",
-    "allocations",
-    "cache_hits",
-    "segments",
-    "device_allocs",
-    "device_frees",
-    "cross_stream_reuses",
-    "pending_free_bytes",
-    "largest_free_block",
-    "free_bytes",
-    "oom_retries",
-    "ooms",
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,9 +72,8 @@ class Segment:
 
 
 def _convert_stats(raw) -> dict:
-    out = {k: int(raw[k]) for k in _INT_STATS}
-    out["fragmentation"] = float(raw["fragmentation"])
-    return out
+    """The C++ side returns every figure as a float; all but the fragmentation are counts of bytes or events."""
+    return {k: float(v) if k == "fragmentation" else int(v) for k, v in raw.items()}
 
 
 def _stream_id(stream) -> int:
@@ -291,6 +273,31 @@ def stats(device=None) -> dict:
 
 def reset_peak_stats(device=None) -> None:
     device_pool(device).reset_peak_stats()
+
+
+def load_trace(path: str) -> dict:
+    """A recorded allocation trace (gzipped JSON with an "events" list of (op, id, size), op "a" or "f"), as
+    benchmarks/bench_memory.py records it from PyTorch's allocator history."""
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
+
+
+def replay_trace(events, allocate, free) -> int:
+    """Replays (op, id, size) events through ``allocate(size) -> handle`` and ``free(handle)``, then frees what the
+    trace left allocated; returns the peak of requested bytes (the same for every allocator)."""
+    live, current, peak = {}, 0, 0
+    for op, ident, size in events:
+        if op == "a":
+            live[ident] = (allocate(size), size)
+            current += size
+            peak = max(peak, current)
+        else:
+            handle, size = live.pop(ident)
+            free(handle)
+            current -= size
+    for handle, _ in live.values():  # e.g. a model's weights and optimizer state, alive after the recorded steps
+        free(handle)
+    return peak
 
 
 def empty_cache(device=None) -> int:
