@@ -97,8 +97,21 @@ def test_device_events_keep_only_gpu_activity():
 
 def test_device_events_without_activity_types():
     """An older profiler without activity types: memcpy/memset recognised by name, the rest are kernels."""
-    events = [_event(RELU, 4.0, activity=None), _event("Memcpy DtoD (Device -> Device)", 2.0, activity=None)]
+    events = [
+        _event(RELU, 4.0, activity=None),
+        _event("Memcpy DtoD (Device -> Device)", 2.0, activity=None),
+        _event("Optimizer.step#Adam.step", 3449.8, activity=None),  # seen on torch 2.11: an annotation, not a kernel
+    ]
     assert [e.kind for e in device_events(events)] == ["kernel", "memcpy"]
+
+
+def test_device_events_skip_user_annotations():
+    """A GPU-side annotation range flagged is_user_annotation is left out whatever its name and activity type."""
+    span = FunctionEvent(
+        id=3, name="train step", thread=0, start_us=0.0, end_us=900.0, device_type=DeviceType.CUDA,
+        is_user_annotation=True,
+    )  # fmt: skip
+    assert device_events([span]) == []
 
 
 def test_device_events_from_real_function_events():

@@ -105,10 +105,16 @@ def short_kernel_name(name: str) -> str:
 
 
 def _event_kind(event: Any) -> Optional[str]:
+    if getattr(event, "is_user_annotation", False):
+        return None  # a range such as ProfilerStep#3 or Optimizer.step#SGD.step: it spans kernels counted already
     activity = getattr(event, "activity_type", None)
     if activity:
         return _ACTIVITY_KINDS.get(str(activity).lower())  # None: annotations and anything else
+    # Without an activity type (torch 2.11's FunctionEvents have none) go by the name. Annotation ranges are named
+    # "<label>#<label>"; no kernel, memcpy or memset name holds a '#'.
     name = event.name
+    if "#" in name:
+        return None
     if name.startswith("Memcpy"):
         return "memcpy"
     if name.startswith("Memset"):
