@@ -71,61 +71,8 @@ def _(grad_output, self, *, approximate="none"):
     return empty_like_pair(self, grad_output)
 
 
-# Autograd. relu, sigmoid and tanh differentiate from their output; leaky_relu, gelu and silu from their input.
-def _save_output(ctx, inputs, output):
-    ctx.save_for_backward(output)
-
-
-def _save_input(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0])
-
-
-def _backward_from(backward_op):
-    def backward(ctx, grad):
-        if not ctx.needs_input_grad[0]:
-            return None
-        (saved,) = ctx.saved_tensors
-        return backward_op(grad, saved)
-
-    return backward
-
-
-torch.library.register_autograd("torchext::relu", _backward_from(_ops.relu_backward.default), setup_context=_save_output)
-torch.library.register_autograd(
-    "torchext::sigmoid", _backward_from(_ops.sigmoid_backward.default), setup_context=_save_output
-)
-torch.library.register_autograd("torchext::tanh", _backward_from(_ops.tanh_backward.default), setup_context=_save_output)
-torch.library.register_autograd("torchext::silu", _backward_from(_ops.silu_backward.default), setup_context=_save_input)
-
-
-def _leaky_relu_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0])
-    ctx.negative_slope = inputs[1]
-
-
-def _leaky_relu_backward(ctx, grad):
-    if not ctx.needs_input_grad[0]:
-        return None, None
-    (x,) = ctx.saved_tensors
-    return _ops.leaky_relu_backward.default(grad, x, ctx.negative_slope), None
-
-
-torch.library.register_autograd("torchext::leaky_relu", _leaky_relu_backward, setup_context=_leaky_relu_setup)
-
-
-def _gelu_setup(ctx, inputs, keyword_only_inputs, output):
-    ctx.save_for_backward(inputs[0])
-    ctx.approximate = keyword_only_inputs["approximate"]
-
-
-def _gelu_backward(ctx, grad):
-    if not ctx.needs_input_grad[0]:
-        return None
-    (x,) = ctx.saved_tensors
-    return _ops.gelu_backward.default(grad, x, approximate=ctx.approximate)
-
-
-torch.library.register_autograd("torchext::gelu", _gelu_backward, setup_context=_gelu_setup)
+# Autograd is C++ (csrc/autograd.cpp): relu, sigmoid and tanh differentiate from their output; leaky_relu, gelu
+# and silu from their input.
 
 for _name in ("relu", "leaky_relu", "sigmoid", "tanh", "gelu", "silu"):
     autocast_cpu_to_float32(f"torchext::{_name}")

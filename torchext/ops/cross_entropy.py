@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._common import autocast_to_float32, needs_grad
+from ._common import autocast_cpu_to_float32, autocast_to_float32
 
 __all__ = ["cross_entropy"]
 
@@ -78,27 +78,6 @@ def _(grad_output, self, target, weight, reduction, ignore_index, label_smoothin
     return self.new_empty(self.shape)
 
 
-def _setup_context(ctx, inputs, output):
-    self, target, weight, reduction, ignore_index, label_smoothing = inputs
-    _, lse, total_weight = output
-    ctx.mark_non_differentiable(lse, total_weight)
-    if needs_grad(ctx, 0):
-        ctx.save_for_backward(self, target, weight, lse, total_weight)
-    ctx.reduction, ctx.ignore_index, ctx.label_smoothing = reduction, ignore_index, label_smoothing
-
-
-def _backward(ctx, grad_loss, grad_lse, grad_total_weight):
-    if needs_grad(ctx, 2):
-        raise NotImplementedError("torchext.ops.cross_entropy: no gradient with respect to `weight`")
-    if not needs_grad(ctx, 0):
-        return None, None, None, None, None, None
-    self, target, weight, lse, total_weight = ctx.saved_tensors
-    grad = _ops.cross_entropy_backward.default(
-        grad_loss, self, target, weight, ctx.reduction, ctx.ignore_index, ctx.label_smoothing, lse, total_weight
-    )
-    return grad, None, None, None, None, None
-
-
-torch.library.register_autograd("torchext::cross_entropy", _backward, setup_context=_setup_context)
-autocast_to_float32("torchext::cross_entropy")
+# Autograd and the CUDA autocast rule are C++ (csrc/autograd.cpp); CPU autocast is registered here.
+autocast_cpu_to_float32("torchext::cross_entropy")
 autocast_to_float32("torchext::cross_entropy_backward")

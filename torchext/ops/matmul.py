@@ -116,56 +116,10 @@ def _matmul_backward(ctx, grad):
 torch.library.register_autograd("torchext::matmul", _matmul_backward, setup_context=_matmul_setup)
 
 
-def _placeholder(like: Tensor) -> Tensor:
-    """A tensor with like's shape, dtype and device that holds one element (stride 0): stands in for an input
-    whose values backward does not read, so that it need not be kept alive."""
-    return like.new_empty(()).expand(like.shape)
+# linear's autograd and CUDA autocast rule are C++ (csrc/autograd.cpp).
 
-
-def _linear_setup(ctx, inputs, output):
-    input, weight = inputs[0], inputs[1]
-    bias = inputs[2] if len(inputs) > 2 else None
-    activation = inputs[3] if len(inputs) > 3 else "none"
-    out, saved = output
-    ctx.mark_non_differentiable(saved)
-    ctx.activation, ctx.has_bias = activation, bias is not None
-    # grad_input reads weight, grad_weight reads input; the activation's derivative reads out (relu) or saved.
-    needs_input, needs_weight = needs_grad(ctx, 0), needs_grad(ctx, 1)
-    ctx.save_for_backward(
-        input if needs_weight else _placeholder(input),
-        weight if needs_input else _placeholder(weight),
-        out if activation == "relu" else None,
-        saved if activation in _SAVES_PREACTIVATION else None,
-    )
-
-
-def _linear_backward(ctx, grad_out, grad_saved):
-    mask = [needs_grad(ctx, 0), needs_grad(ctx, 1), needs_grad(ctx, 2)]
-    if not any(mask):
-        return None, None, None, None
-    input, weight, out, saved = ctx.saved_tensors
-    empty = grad_out.new_empty((0,))
-    grad_input, grad_weight, grad_bias = _ops.linear_backward.default(
-        grad_out,
-        input,
-        weight,
-        out if out is not None else empty,
-        saved if saved is not None else empty,
-        ctx.activation,
-        ctx.has_bias,
-        mask,
-    )
-    return (
-        grad_input if mask[0] else None,
-        grad_weight if mask[1] else None,
-        grad_bias if mask[2] else None,
-        None,
-    )
-
-
-torch.library.register_autograd("torchext::linear", _linear_backward, setup_context=_linear_setup)
-
-for _name in ("matmul", "matmul_kernel", "linear"):
+for _name in ("matmul", "matmul_kernel"):
     autocast_cuda_to_autocast_dtype(f"torchext::{_name}")
+for _name in ("matmul", "matmul_kernel", "linear"):
     autocast_cpu_to_float32(f"torchext::{_name}")
 autocast_cpu_to_float32("torchext::linear_backward")

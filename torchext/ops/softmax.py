@@ -36,26 +36,7 @@ for _name in ("softmax", "log_softmax"):
     )
 
 
-def _save_output(ctx, inputs, output):
-    ctx.save_for_backward(output)
-
-
-def _backward_from(backward_op):
-    def backward(ctx, grad):
-        if not ctx.needs_input_grad[0]:
-            return None
-        (output,) = ctx.saved_tensors
-        return backward_op(grad, output)
-
-    return backward
-
-
-torch.library.register_autograd(
-    "torchext::softmax", _backward_from(_ops.softmax_backward.default), setup_context=_save_output
-)
-torch.library.register_autograd(
-    "torchext::log_softmax", _backward_from(_ops.log_softmax_backward.default), setup_context=_save_output
-)
+# Autograd is C++ (csrc/autograd.cpp): both differentiate from their output.
 
 for _name in ("softmax", "log_softmax"):
     autocast_to_float32(f"torchext::{_name}")
