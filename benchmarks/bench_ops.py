@@ -73,8 +73,9 @@ class Bench:
     def loss(self, name, fns, x_shape, make_target, dtype, tensor_target=False, unchecked=False):
         """fwd and fwd+bwd of a loss reduced to a scalar. Bytes per input element: forward reads the input (and a
         same-shaped float target); backward reads them again and writes the gradient. With unchecked, torchext is
-        also run with TORCHEXT_CHECK_TARGETS=0 (no read-back of the device-side target check), as provider
-        'torchext-unchecked'."""
+        also run with TORCHEXT_CHECK_TARGETS=0 (no device-side target check read back), as provider
+        'torchext-unchecked'. 'torchext' runs the default check mode: deferred (no synchronization) since
+        csrc/target_checks.h; ops_gpu.csv rows dated before it were measured with a synchronization per call."""
         x = randn(x_shape, dtype, self.device, requires_grad=True)
         target = make_target(x)
         n, s = x.numel(), x.element_size()

@@ -1,14 +1,14 @@
 // CUDA wrapper for torchext::cross_entropy: checks, then cuda_ops/cross_entropy.cu on the current stream.
 //
-// Out-of-range targets: the forward kernel counts them on the device; this wrapper reads the count back (one
-// 4-byte copy and a stream synchronization per call) and raises an IndexError naming `target`, where PyTorch
-// would stop the process with a device-side assert. Skipped under CUDA-graph capture or TORCHEXT_CHECK_TARGETS=0
-// (may_read_back_checks); invalid rows then give a NaN loss.
+// Out-of-range targets: the forward kernel counts them on the device, and csrc/target_checks.h turns a nonzero
+// count into an IndexError naming `target` (by default at a later call, without stopping the GPU), where PyTorch
+// would stop the process with a device-side assert. Invalid rows give a NaN loss.
 #include <torch/library.h>
 
 #include "cross_entropy.cuh"
 #include "cross_entropy.h"
 #include "cuda_utils.h"
+#include "target_checks.h"
 
 namespace torchext {
 namespace {
@@ -66,10 +66,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_cuda(const at::Tens
                                                    bad_targets.mutable_data_ptr<int>(), workspace.mutable_data_ptr<A>(),
                                                    stream));
   });
-  if (N > 0 && may_read_back_checks(stream)) {
-    const int bad = bad_targets.item<int>();
-    TORCH_CHECK_INDEX(bad == 0, kOp, ": `target` values must be in [0, ", C, ") or equal ignore_index (",
-                      ignore_index, "); ", bad, " of ", N, " targets are not");
+  if (N > 0) {
+    check_targets(bad_targets, [=](int64_t bad, bool deferred) {
+      TORCH_CHECK_INDEX(bad == 0, kOp, ": `target` values must be in [0, ", C, ") or equal ignore_index (",
+                        ignore_index, "); ", bad, " of ", N, " targets are not", target_check_note(deferred));
+    });
   }
   return {loss, lse, total_weight};
 }

@@ -10,7 +10,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstdlib>
 
 #include "checks.h"
 #include "loss_reduction.h"
@@ -55,13 +54,9 @@ inline cuda_ops::LossReduction to_cuda_reduction(Reduction r) {
 
 inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
 
-// Whether an op may read back the result of a device-side argument check (a bad-target count): one small
-// device-to-host copy and a stream synchronization per call, in exchange for a clear Python error instead of a
-// device assert. Not while the stream is being captured into a CUDA graph (no synchronization is allowed there),
-// and not when the user opted out with TORCHEXT_CHECK_TARGETS=0 for speed; invalid rows then give NaN.
+// Whether an op may read back the result of a device-side argument check (csrc/target_checks.h): not while the
+// stream is being captured into a CUDA graph (no copy or synchronization may be captured).
 inline bool may_read_back_checks(cudaStream_t stream) {
-  const char* env = std::getenv("TORCHEXT_CHECK_TARGETS");
-  if (env != nullptr && env[0] == '0' && env[1] == '\0') return false;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
   return status == cudaStreamCaptureStatusNone;

@@ -41,6 +41,7 @@ void check_multi_margin_args(const char* op, const at::Tensor& self, const at::T
 std::vector<int64_t> multi_margin_loss_shape(const at::Tensor& target, Reduction reduction);
 
 // Raises the IndexError for a target outside [0, cols) at `row`.
-[[noreturn]] void report_bad_target(const char* op, int64_t row, int64_t value, int64_t cols);
+// `note` is appended to the message (target_check_note for a deferred check).
+[[noreturn]] void report_bad_target(const char* op, int64_t row, int64_t value, int64_t cols, const char* note = "");
 
 }  // namespace torchext::losses

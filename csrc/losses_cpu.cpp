@@ -95,9 +95,9 @@ std::vector<int64_t> multi_margin_loss_shape(const at::Tensor& target, Reduction
   return {};
 }
 
-[[noreturn]] void report_bad_target(const char* op, int64_t row, int64_t value, int64_t cols) {
+[[noreturn]] void report_bad_target(const char* op, int64_t row, int64_t value, int64_t cols, const char* note) {
   TORCH_CHECK_INDEX(false, op, ": `target` at row ", row, " is ", value, ", outside the valid class range [0, ", cols,
-                    ")");
+                    ")", note);
   __builtin_unreachable();
 }
 

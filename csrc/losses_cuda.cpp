@@ -10,6 +10,7 @@
 
 #include "checks.h"
 #include "cuda_utils.h"
+#include "target_checks.h"
 #include "losses.cuh"
 #include "losses.h"
 
@@ -114,12 +115,14 @@ at::Tensor binary_cross_entropy_with_logits_backward_cuda(const at::Tensor& grad
   return grad;
 }
 
-// *bad_row < rows means the kernel met a target outside [0, cols): report the first such row (see
-// may_read_back_checks for when this is skipped; the offending rows are NaN then).
+// *bad_row < rows means the kernel met a target outside [0, cols): report the first such row, now or at a later call
+// (csrc/target_checks.h; the offending rows are NaN). A deferred report reads the value from `target` then.
 void check_bad_row(const char* op, const at::Tensor& bad_row, const at::Tensor& target, int64_t rows, int64_t cols) {
-  if (!may_read_back_checks(current_stream())) return;
-  const int64_t row = bad_row.item<int64_t>();
-  if (row < rows) losses::report_bad_target(op, row, target.reshape({-1})[row].item<int64_t>(), cols);
+  check_targets(bad_row, [op, target, rows, cols](int64_t row, bool deferred) {
+    if (row < rows) {
+      losses::report_bad_target(op, row, target.reshape({-1})[row].item<int64_t>(), cols, target_check_note(deferred));
+    }
+  });
 }
 
 at::Tensor multi_margin_loss_cuda(const at::Tensor& self, const at::Tensor& target, int64_t p, double margin,

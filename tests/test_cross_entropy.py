@@ -161,10 +161,13 @@ def test_cross_entropy_opcheck(device):
 def test_cross_entropy_rejects_bad_input(device):
     x = make_tensor((4, 3), torch.float32, device)
     t = torch.tensor([0, 1, 2, 1], device=device)
+    # On CUDA the check is deferred by default: check_targets() raises (tests below cover the modes).
     with pytest.raises(IndexError, match="`target` values must be in \\[0, 3\\)"):
         torchext.ops.cross_entropy(x, torch.tensor([0, 3, 1, 1], device=device))
+        torchext.ops.check_targets()
     with pytest.raises(IndexError, match="`target`"):
         torchext.ops.cross_entropy(x, torch.tensor([0, -2, 1, 1], device=device))
+        torchext.ops.check_targets()
     with pytest.raises(TypeError, match="`target` must be int64"):
         torchext.ops.cross_entropy(x, t.int())
     with pytest.raises(TypeError, match="`target` must be int64"):
@@ -224,3 +227,61 @@ def test_cross_entropy_deterministic():
     first = torchext.ops.cross_entropy(x, t)
     for _ in range(3):
         assert torch.equal(torchext.ops.cross_entropy(x, t), first), "mean reduction changed between runs"
+
+
+# Target-check modes on CUDA (csrc/target_checks.h): TORCHEXT_CHECK_TARGETS unset/deferred, sync, off.
+BAD_TARGET = "`target` values must be in \\[0, 3\\) or equal ignore_index \\(-100\\); 1 of 4 targets are not"
+
+
+@gpu
+def test_cross_entropy_deferred_target_check():
+    """Default: the bad call returns (NaN in its bad row) without waiting for the GPU; the error comes from the next
+    call once the check has landed, or from check_targets(), once."""
+    torchext.ops.check_targets()  # nothing left over from other tests
+    x = torch.randn(4, 3, device="cuda")
+    good, bad = torch.tensor([0, 1, 2, 1], device="cuda"), torch.tensor([0, 3, 1, 1], device="cuda")
+    torchext.ops.cross_entropy(x, good)  # first use: the pinned host buffer is allocated here
+    torchext.ops.check_targets()
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU work queued ahead of the loss
+    loss = torchext.ops.cross_entropy(x, bad, reduction="none")
+    assert not torch.cuda.current_stream().query(), "the call waited for the GPU"
+    torch.cuda.synchronize()
+    assert torch.isnan(loss[1]) and torch.isfinite(loss[[0, 2, 3]]).all()
+    with pytest.raises(IndexError, match=BAD_TARGET + ".*found after the call that received them"):
+        torchext.ops.cross_entropy(x, good)
+    torchext.ops.cross_entropy(x, good)  # reported once
+    torchext.ops.check_targets()
+    torchext.ops.cross_entropy(x, bad)
+    with pytest.raises(IndexError, match=BAD_TARGET):
+        torchext.ops.check_targets()
+    torchext.ops.check_targets()
+
+
+@gpu
+def test_cross_entropy_deferred_check_keeps_later_errors():
+    """A call that raises an earlier call's error still queues its own check."""
+    torchext.ops.check_targets()
+    x = torch.randn(4, 3, device="cuda")
+    bad = torch.tensor([0, 3, 1, 1], device="cuda")
+    torchext.ops.cross_entropy(x, bad)
+    torch.cuda.synchronize()
+    with pytest.raises(IndexError):
+        torchext.ops.cross_entropy(x, torch.tensor([5, 5, 5, 5], device="cuda"))
+    with pytest.raises(IndexError, match="4 of 4 targets are not"):
+        torchext.ops.check_targets()
+
+
+@gpu
+def test_cross_entropy_sync_and_off_target_checks(monkeypatch):
+    torchext.ops.check_targets()
+    x = torch.randn(4, 3, device="cuda")
+    bad = torch.tensor([0, 3, 1, 1], device="cuda")
+    monkeypatch.setenv("TORCHEXT_CHECK_TARGETS", "sync")
+    with pytest.raises(IndexError, match=BAD_TARGET + "$"):
+        torchext.ops.cross_entropy(x, bad)
+    monkeypatch.setenv("TORCHEXT_CHECK_TARGETS", "off")
+    assert torch.isnan(torchext.ops.cross_entropy(x, bad, reduction="none")[1])
+    torchext.ops.check_targets()  # nothing was queued
+    monkeypatch.setenv("TORCHEXT_CHECK_TARGETS", "later")
+    with pytest.raises(ValueError, match="TORCHEXT_CHECK_TARGETS=later: expected 'deferred'"):
+        torchext.ops.cross_entropy(x, bad)

@@ -435,9 +435,11 @@ def test_multi_margin_loss_target_out_of_range_cuda(dtype):
     for reduction in REDUCTIONS:
         with pytest.raises(IndexError, match=r"`target` at row 2 is 7, outside the valid class range \[0, 5\)"):
             torchext.ops.multi_margin_loss(x, bad, reduction=reduction)
+            torchext.ops.check_targets()  # deferred by default (test_cross_entropy.py covers the modes)
     g = torch.tensor(1.0, device="cuda", dtype=dtype)
     with pytest.raises(IndexError, match=r"`target` at row 2 is 7"):
         torch.ops.torchext.multi_margin_loss_backward(g, x, bad, 2, 1.0, None, "sum")
+        torchext.ops.check_targets()
     # No device assert fired: the context is still usable.
     good = torch.tensor([0, 1, 2, 3, 4, 4], device="cuda")
     torch.testing.assert_close(

@@ -588,6 +588,10 @@ def _train_epoch(c: _Contender, loader, epoch: int, seed: int, cfg: CompareConfi
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - t0
+    if device.type == "cuda":
+        from .ops import check_targets
+
+        check_targets()  # the loss's target checks are read back without stopping the GPU: surface any error here
     c.optimizer.zero_grad(set_to_none=True)  # what stays resident while the other model trains: no gradients
     peak_allocated = peak_reserved = None
     if device.type == "cuda":

@@ -2,7 +2,7 @@
 fake kernel, autograd formula and autocast rule."""
 
 from .activations import gelu, leaky_relu, relu, sigmoid, silu, tanh
-from .cross_entropy import cross_entropy
+from .cross_entropy import check_targets, cross_entropy
 from .losses import binary_cross_entropy_with_logits, mse_loss, multi_margin_loss
 from .matmul import linear, matmul, matmul_kernel
 from .softmax import log_softmax, softmax
@@ -17,6 +17,7 @@ __all__ = [
     "softmax",
     "log_softmax",
     "cross_entropy",
+    "check_targets",
     "mse_loss",
     "binary_cross_entropy_with_logits",
     "multi_margin_loss",

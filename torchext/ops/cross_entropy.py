@@ -8,8 +8,11 @@ Probability ("soft") targets are not supported: a floating-point target raises a
 Autocast rule: under torch.autocast (CUDA or CPU) the logits and weight are cast to float32 and the loss is float32,
 as PyTorch does for cross_entropy.
 
-Bad targets raise an IndexError naming `target` (on CUDA this costs one 4-byte device-to-host read per call; see
-csrc/cross_entropy_cuda.cpp).
+Bad targets raise an IndexError naming `target`. On CUDA the check runs on the device and, by default, is read back
+without stopping the GPU: the error comes from a later cross_entropy or multi_margin_loss call, or from
+``check_targets()``, and the offending call's loss holds NaN for those rows. ``TORCHEXT_CHECK_TARGETS=sync`` makes
+the call itself raise (one 4-byte read and a stream synchronization per call), ``=off`` skips the check
+(csrc/target_checks.h).
 """
 
 from typing import Optional
@@ -19,7 +22,7 @@ from torch import Tensor
 
 from ._common import autocast_cpu_to_float32, autocast_to_float32
 
-__all__ = ["cross_entropy"]
+__all__ = ["cross_entropy", "check_targets"]
 
 _ops = torch.ops.torchext
 
@@ -60,6 +63,14 @@ def cross_entropy(
     flat = input.movedim(1, -1).reshape(-1, classes)
     loss = _ops.cross_entropy.default(flat, target.reshape(-1), weight, reduction, ignore_index, label_smoothing)[0]
     return loss.reshape(target.shape) if reduction == "none" else loss
+
+
+def check_targets() -> None:
+    """Waits for the target checks that cross_entropy and multi_margin_loss calls on CUDA have left pending and
+    raises the IndexError of the oldest that found an out-of-range target (each is reported once). Call it where a
+    bad target must surface before going on, such as at the end of an epoch or of a script. A no-op on the CPU
+    (whose checks raise at the call) and under TORCHEXT_CHECK_TARGETS=sync or off."""
+    torch.classes.torchext.TargetChecks.flush()
 
 
 def _acc_dtype(t: Tensor) -> torch.dtype:

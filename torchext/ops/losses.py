@@ -64,8 +64,8 @@ def multi_margin_loss(
 ) -> Tensor:
     """Multi-class hinge loss on input (N, C) or (C,) with int64 class indices target (N,) or 0-dim:
     per row, weight[y] / C * sum over j != y of max(0, margin - input[y] + input[j])^p, p in {1, 2}.
-    'mean' divides by N. A target outside [0, C) raises IndexError (on CUDA after a stream sync, skipped while
-    the stream is being captured into a CUDA graph, where such a row gives NaN instead)."""
+    'mean' divides by N. A target outside [0, C) raises IndexError; on CUDA, by default from a later call or
+    ``check_targets()``, as for cross_entropy (the offending rows give NaN)."""
     return _ops.multi_margin_loss.default(input, target, p, margin, weight, reduction)
 
 
