@@ -30,7 +30,8 @@ TargetCheckMode target_check_mode();
 using TargetReport = std::function<void(int64_t value, bool deferred)>;
 
 #ifdef TORCHEXT_WITH_CUDA
-// For an op that has just queued a kernel writing `result` (one int32 or int64 element) on the current stream:
+// For an op that has just queued a kernel writing `result` (one int32 or int64 element, any shape) on the current
+// stream:
 // checks it according to target_check_mode(). First raises for any earlier deferred check that has completed.
 void check_targets(const at::Tensor& result, TargetReport report);
 #endif

@@ -16,16 +16,17 @@ namespace torchext {
 namespace {
 
 struct PendingCheck {
-  at::Tensor host;  // pinned, one element; valid once `done` has completed
+  at::Tensor host;  // pinned, one element (of any shape); valid once `done` has completed
   std::shared_ptr<at::cuda::CUDAEvent> done;
   TargetReport report;
 };
 
 // Pending checks, oldest first. Past kMaxPending the oldest is waited for, which bounds the pinned memory held if
 // the host runs far ahead of the GPU.
+// Both are leaked on purpose: destroying a CUDA event at exit, after the CUDA runtime has shut down, aborts.
 constexpr size_t kMaxPending = 256;
-std::mutex pending_mutex;
-std::deque<PendingCheck> pending;
+std::mutex& pending_mutex = *new std::mutex;
+std::deque<PendingCheck>& pending = *new std::deque<PendingCheck>;
 
 int64_t value_of(const at::Tensor& host) {
   return host.scalar_type() == at::kLong ? *host.const_data_ptr<int64_t>() : *host.const_data_ptr<int>();
@@ -58,6 +59,9 @@ void report_pending(bool wait) {
 
 void check_targets(const at::Tensor& result, TargetReport report) {
   const TargetCheckMode mode = target_check_mode();
+  // While the stream is captured into a CUDA graph neither this check nor the queue's may touch it: querying an
+  // event or copying is not allowed there (cudaErrorStreamCaptureUnsupported, which invalidates the capture).
+  if (!may_read_back_checks(current_stream())) return;
   // Earlier calls' errors first; this call's check is queued before one is raised, so that it is not lost.
   std::exception_ptr earlier;
   try {
@@ -65,10 +69,10 @@ void check_targets(const at::Tensor& result, TargetReport report) {
   } catch (...) {
     earlier = std::current_exception();
   }
-  const bool check = mode != TargetCheckMode::Off && may_read_back_checks(current_stream());
+  const bool check = mode != TargetCheckMode::Off;
   if (check && mode == TargetCheckMode::Deferred) {
     PendingCheck entry;
-    entry.host = at::empty({}, result.options().device(at::kCPU).pinned_memory(true));
+    entry.host = at::empty(result.sizes(), result.options().device(at::kCPU).pinned_memory(true));
     entry.host.copy_(result, /*non_blocking=*/true);
     entry.done = std::make_shared<at::cuda::CUDAEvent>(cudaEventDisableTiming);
     entry.done->record(c10::cuda::getCurrentCUDAStream());
