@@ -29,22 +29,30 @@ def parse(path):
 def main(path):
     runs, epochs = parse(path)
     diffs, ratios = [], []
-    print("| seed | epochs done (stock / torchext) | final val acc stock | torchext | difference | epoch time stock"
-          " (s) | torchext (s) | ratio |")
+    print(
+        "| seed | epochs done (stock / torchext) | final val acc stock | torchext | difference | epoch time stock"
+        " (s) | torchext (s) | ratio |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for seed, models in sorted(runs.items()):
         s, t = models.get("stock", {}), models.get("torchext", {})
         both = sorted(set(s) & set(t) - {1})
         ts, tt = statistics.mean(s[e][1] for e in both), statistics.mean(t[e][1] for e in both)
         complete = len(s) == len(t) == epochs
-        acc = f"{s[epochs][0]:.2f}% | {t[epochs][0]:.2f}% | {t[epochs][0] - s[epochs][0]:+.2f}" if complete else "- | - | -"
+        acc = (
+            f"{s[epochs][0]:.2f}% | {t[epochs][0]:.2f}% | {t[epochs][0] - s[epochs][0]:+.2f}"
+            if complete
+            else "- | - | -"
+        )
         print(f"| {seed} | {len(s)} / {len(t)} | {acc} | {ts:.3f} | {tt:.3f} | {tt / ts:.3f}x |")
         if complete:
             diffs.append(t[epochs][0] - s[epochs][0])
             ratios.append(tt / ts)
     if diffs:
-        print(f"\nComplete seeds: {len(diffs)}; mean accuracy difference {statistics.mean(diffs):+.2f} points; "
-              f"mean epoch-time ratio {statistics.mean(ratios):.3f}x (epochs 2-{epochs}).")
+        print(
+            f"\nComplete seeds: {len(diffs)}; mean accuracy difference {statistics.mean(diffs):+.2f} points; "
+            f"mean epoch-time ratio {statistics.mean(ratios):.3f}x (epochs 2-{epochs})."
+        )
 
 
 if __name__ == "__main__":
