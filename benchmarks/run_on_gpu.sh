@@ -2,9 +2,14 @@
 # One call on a GPU machine: build torchext for the local torch, run the whole test suite (GPU tests included),
 # run the GPU tests again under compute-sanitizer memcheck, and run the op benchmark. Everything lands in $OUT.
 #
-#   OUT=out bash benchmarks/run_on_gpu.sh [build] [test] [memcheck] [bench] [matmul] [memory]   (default: the first four)
+#   OUT=out bash benchmarks/run_on_gpu.sh [build] [test] [memcheck] [bench] [matmul] [memory] [compare] [ddp]
+#   (default: the first four)
 #
 # matmul runs benchmarks/bench_matmul.py (ladder, Linear, CPU GEMM; ~2 min on an H200, MATMUL_ARGS=--quick ~1 min).
+# compare runs the CIFAR-10 comparisons named in COMPARE_RUNS (default: all of the table below; about 15 min on an
+# H100, so name a few per call where calls are limited to 10 min); ddp the ResNet-18 recipe under
+# torchrun --nproc_per_node=2 (2 GPUs). Each run is written to /tmp/torchext-compare/<run>/ (results, plots and its
+# console log) and packed into $OUT/cifar10-<run>.tar.gz: one file per run comes back. COMPARE_DATA: the CIFAR-10 source (default .data/cifar10-train-jpg.tar.gz).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -71,4 +76,34 @@ has bench && bench_stage "op benchmark" bench_ops.py ops_gpu
 has memory && bench_stage "memory pool benchmark" bench_memory.py memory_gpu ${MEMORY_ARGS:-}
 # shellcheck disable=SC2086
 has matmul && bench_stage "matmul benchmark" bench_matmul.py matmul_gpu ${MATMUL_ARGS:-}
+# compare_run NAME LIMIT_S [torchext-compare args...]
+compare_run() {
+  local name=$1 limit=$2
+  shift 2
+  local dir="/tmp/torchext-compare/$name"
+  mkdir -p "$dir"
+  echo "== compare $name: $*"
+  timeout "$limit" "${COMPARE_LAUNCH[@]}" --data "${COMPARE_DATA:-.data/cifar10-train-jpg.tar.gz}" --out "$dir" "$@" \
+    > "$dir/run.log" 2>&1 || { echo "exit code $?"; status=1; }
+  sed -n '/^| final val acc/,/^| peak reserved/p;/GPU-time share/p' "$dir/summary.md" 2> /dev/null
+  tar czf "$OUT/cifar10-$name.tar.gz" -C /tmp/torchext-compare "$name"
+}
+if has compare; then
+  COMPARE_LAUNCH=(python -m torchext.compare)
+  for run in ${COMPARE_RUNS:-resnet18_cifar_b512 resnet18_cifar_b128 cnn_cifar resnet18_cifar_b512_pool cnn_cifar_pool}; do
+    case $run in
+      resnet18_cifar_b512) compare_run "$run" 300 --model resnet18_cifar ;;
+      resnet18_cifar_b128) compare_run "$run" 590 --model resnet18_cifar --batch-size 128 ;;
+      cnn_cifar) compare_run "$run" 480 --model cnn_cifar ;;
+      # Peak memory on torchext's pool: one seed, a few epochs (the peaks are reached in every epoch).
+      resnet18_cifar_b512_pool) compare_run "$run" 200 --model resnet18_cifar --allocator pool --seeds 0 --epochs 4 ;;
+      cnn_cifar_pool) compare_run "$run" 200 --model cnn_cifar --allocator pool --seeds 0 --epochs 4 ;;
+      *) echo "unknown comparison run $run"; status=1 ;;
+    esac
+  done
+fi
+if has ddp; then
+  COMPARE_LAUNCH=(torchrun --standalone --nproc_per_node=2 -m torchext.compare)
+  compare_run resnet18_cifar_b512_ddp2 400 --model resnet18_cifar
+fi
 exit $status

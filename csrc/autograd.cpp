@@ -33,36 +33,20 @@ c10::TypedOperatorHandle<Signature> find_op(const char* name) {
 // One-input ops whose backward op is (grad_output, saved) -> grad_input: relu, sigmoid, tanh, softmax and
 // log_softmax save their output, silu its input.
 
-struct Relu {
-  static constexpr const char* kForward = "torchext::relu";
-  static constexpr const char* kBackward = "torchext::relu_backward";
-  static constexpr bool kSavesOutput = true;
-};
-struct Sigmoid {
-  static constexpr const char* kForward = "torchext::sigmoid";
-  static constexpr const char* kBackward = "torchext::sigmoid_backward";
-  static constexpr bool kSavesOutput = true;
-};
-struct Tanh {
-  static constexpr const char* kForward = "torchext::tanh";
-  static constexpr const char* kBackward = "torchext::tanh_backward";
-  static constexpr bool kSavesOutput = true;
-};
-struct Silu {
-  static constexpr const char* kForward = "torchext::silu";
-  static constexpr const char* kBackward = "torchext::silu_backward";
-  static constexpr bool kSavesOutput = false;
-};
-struct Softmax {
-  static constexpr const char* kForward = "torchext::softmax";
-  static constexpr const char* kBackward = "torchext::softmax_backward";
-  static constexpr bool kSavesOutput = true;
-};
-struct LogSoftmax {
-  static constexpr const char* kForward = "torchext::log_softmax";
-  static constexpr const char* kBackward = "torchext::log_softmax_backward";
-  static constexpr bool kSavesOutput = true;
-};
+// The op's names and which tensor its backward reads.
+#define TORCHEXT_UNARY_OP(NAME, OP, SAVES_OUTPUT)                           \
+  struct NAME {                                                            \
+    static constexpr const char* kForward = "torchext::" OP;               \
+    static constexpr const char* kBackward = "torchext::" OP "_backward";  \
+    static constexpr bool kSavesOutput = SAVES_OUTPUT;                     \
+  };
+TORCHEXT_UNARY_OP(Relu, "relu", true)
+TORCHEXT_UNARY_OP(Sigmoid, "sigmoid", true)
+TORCHEXT_UNARY_OP(Tanh, "tanh", true)
+TORCHEXT_UNARY_OP(Silu, "silu", false)
+TORCHEXT_UNARY_OP(Softmax, "softmax", true)
+TORCHEXT_UNARY_OP(LogSoftmax, "log_softmax", true)
+#undef TORCHEXT_UNARY_OP
 
 template <typename Op>
 class UnaryFunction : public torch::autograd::Function<UnaryFunction<Op>> {
