@@ -1,8 +1,8 @@
 // Autograd (and CUDA autocast) kernels for the ops a training step calls at every layer: the activations, softmax,
 // cross_entropy and linear. They are C++ torch::autograd::Functions registered under the Autograd dispatch key,
-// so a forward and backward cost what one of PyTorch's own ops costs on the CPU (about 12 us for relu's forward
-// plus backward, against about 55 us through Python's torch.library.register_autograd). On a CPU-bound step,
-// such as a small CNN at batch 128, that host time is the step time.
+// which costs far less host time than Python's torch.library.register_autograd (relu's forward plus backward on
+// 4x4 CPU tensors: ~30 us here, ~55 us through Python, ~12 us for torch.relu). On a host-bound step, such as a
+// small CNN at batch 128, that host time is the step time.
 //
 // Each Function's forward runs the op below autograd (the CPU or CUDA kernel, or the fake kernel under
 // torch.compile) and saves what its backward op reads; backward calls the matching *_backward op through the
