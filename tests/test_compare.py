@@ -114,7 +114,8 @@ def test_results_schema(mlp_run):
     assert "date" in env and "cuda" in env
     assert results["data"]["val_source"].startswith("synthetic")
     assert results["data"]["train_images"] == 320 and results["data"]["val_images"] == 100
-    assert results["gpu_time_share"] is None, "the GPU-time share is CUDA-only"
+    assert results["gpu_time_share"] is None and results["stock_gpu_time"] is None, "profiling is CUDA-only"
+    assert results["summary"]["gpu_busy"]["stock"]["busy"] is None
     assert results["memory"]["allocator"] == "default" and results["memory"]["pool_stats"] is None
     assert results["parameters"]["stock"] == results["parameters"]["torchext"] == 1_707_274
     assert results["swap_report"], "[swap_report] empty"
@@ -178,6 +179,27 @@ def test_summary_numbers(mlp_run):
         (sum((a - mean) ** 2 for a in accs)) ** 0.5  # sample std over 2 seeds
     )
     assert s["peak_allocated_ratio"] is None and s["models"]["stock"]["peak_allocated_bytes"] is None
+
+
+def test_gpu_busy_sets_profiled_gpu_work_against_step_time(mlp_run):
+    """With profiles (as on CUDA), each model's GPU work per step is its profiled total over its steps, its step
+    time the timed epochs' time over their steps; the summary says how busy the GPU was."""
+    results = copy.deepcopy(mlp_run[0])
+    results["stock_gpu_time"] = {"share": 0.0, "total_us": 20_000.0, "steps": 10}
+    results["gpu_time_share"] = {"share": 0.1, "total_us": 30_000.0, "steps": 10}
+    for s in results["seeds"]:
+        for m in s["models"].values():
+            for e in m["epochs"]:
+                e["epoch_time_s"] = 0.02 * e["images"] / results["config"]["batch_size"]  # 20 ms per step
+    busy = compare.gpu_busy(results)
+    assert busy["stock"]["gpu_ms"] == pytest.approx(2.0) and busy["torchext"]["gpu_ms"] == pytest.approx(3.0)
+    assert busy["stock"]["wall_ms"] == pytest.approx(20.0) and busy["torchext"]["busy"] == pytest.approx(0.15)
+    text = compare.render_summary({**results, "summary": compare.summarize(results)})
+    assert "stock 2.00 ms of GPU work in 20.00 ms (10% busy); torchext 3.00 ms" in text
+    assert "torchext 3.00 ms of GPU work in 20.00 ms (15% busy)" in text
+    results["stock_gpu_time"] = {"error": "RuntimeError: no CUPTI"}
+    assert compare.gpu_busy(results)["stock"]["busy"] is None
+    assert "GPU work per training step: not measured" in compare.render_summary(results)
 
 
 def test_summary_md(mlp_run):

@@ -95,6 +95,7 @@ __all__ = [
     "summarize",
     "render_summary",
     "make_plots",
+    "gpu_busy",
 ]
 
 MODEL_NAMES = ("stock", "torchext")
@@ -851,6 +852,7 @@ def _run(cfg: CompareConfig, config: CompareConfig, device, dist: _Dist, notes: 
         "swap_report_text": None,
         "parameters": None,
         "gpu_time_share": None,
+        "stock_gpu_time": None,
         "memory": {"allocator": cfg.allocator, "device": device.type, "pool_stats": None},
     }
     if dist.world > 1:
@@ -944,19 +946,20 @@ def _run_seed(seed, cfg, data, val_loader, device, dist: _Dist, results: dict, b
             "confusion_matrix": c.confusion,
         }
     if profile:
-        # after every figure is recorded: the profiled steps change the final model, which is not evaluated again
-        ours_c = contenders[1]
+        # After every figure is recorded: the profiled steps change the final models, which are not evaluated
+        # again. Both models are profiled, so that their GPU work per step can be set against their wall time.
         if dist.main:
             loader.set_epoch(0)
             xb, yb = next(iter(loader))
             xb, yb = _train_shard(xb, dist), _train_shard(yb, dist)
-            model = ours_c.train_model if dist.world == 1 else ours_c.net  # DDP's collectives need every rank
-            ours_c.net.train()
+            for key, c in (("stock_gpu_time", contenders[0]), ("gpu_time_share", contenders[1])):
+                model = c.train_model if dist.world == 1 else c.net  # DDP's collectives need every rank
+                c.net.train()
 
-            def step():
-                _train_step(ours_c, model, xb, yb, device, cfg.amp)
+                def step(c=c, model=model):
+                    _train_step(c, model, xb, yb, device, cfg.amp)
 
-            results["gpu_time_share"] = _gpu_time_share(step, cfg.profile_steps, device)
+                results[key] = _gpu_time_share(step, cfg.profile_steps, device)
         if dist.world > 1:
             import torch.distributed as tdist
 
@@ -1022,6 +1025,7 @@ def summarize(results: dict) -> dict:
         "peak_reserved_ratio": paired("peak_reserved_bytes", "ratio"),
         "timed_epochs": f"2-{n_epochs}" if n_epochs > 2 else str(n_epochs),
         "seeds": len(results["seeds"]),
+        "gpu_busy": gpu_busy(results) if results["seeds"] else None,
     }
 
 
@@ -1055,6 +1059,41 @@ def _share_text(share) -> str:
     if share.get("reason"):
         return f"not measured ({share['reason']})"
     return "`" + json.dumps(share, sort_keys=True) + "`"
+
+
+def gpu_busy(results: dict) -> dict:
+    """Per model: the GPU work of one training step (``gpu_ms``: the profiled GPU time over the profiled steps of the
+    last seed), the measured wall time of one step (``wall_ms``: the timed epochs of every seed, summed time over
+    summed steps) and their ratio (``busy``: the share of a step the GPU is working; well below 1, the step waits
+    on the host). Entries are None where a figure is missing (on the CPU, or when profiling failed)."""
+    batch = results["config"]["batch_size"]
+    profiles = {"stock": results.get("stock_gpu_time"), "torchext": results.get("gpu_time_share")}
+    out = {}
+    for name in MODEL_NAMES:
+        epochs = [e for s in results["seeds"] for e in _timed_epochs(s["models"][name]["epochs"])]
+        steps = sum(e["images"] for e in epochs) / batch
+        wall_ms = 1000 * sum(e["epoch_time_s"] for e in epochs) / steps if steps else None
+        p = profiles[name] if isinstance(profiles[name], dict) else {}
+        gpu_ms = p["total_us"] / 1000 / p["steps"] if p.get("total_us") and p.get("steps") else None
+        busy = gpu_ms / wall_ms if gpu_ms and wall_ms else None
+        out[name] = {"gpu_ms": gpu_ms, "wall_ms": wall_ms, "busy": busy}
+    return out
+
+
+def _busy_text(results: dict) -> str:
+    b = gpu_busy(results)
+    if any(b[name]["busy"] is None for name in MODEL_NAMES):
+        return "GPU work per training step: not measured (CUDA only, from the profiled steps)."
+    per = "; ".join(
+        f"{name} {b[n]['gpu_ms']:.2f} ms of GPU work in {b[n]['wall_ms']:.2f} ms ({100 * b[n]['busy']:.0f}% busy)"
+        for name in MODEL_NAMES
+        for n in (name,)
+    )
+    return (
+        f"GPU work per training step (profiled) against the measured step time: {per}. Well below 100%, the step "
+        "waits on the host (Python, autograd, kernel launches), and the epoch-time ratio compares host costs more "
+        "than kernels."
+    )
 
 
 def render_summary(results: dict) -> str:
@@ -1119,7 +1158,12 @@ def render_summary(results: dict) -> str:
             "Peak memory is each model's epoch's peak (cache emptied and peaks reset before each), including what "
             "stays resident throughout: both models' weights and optimizer states and the dataset on the device."
         )
-    lines += ["", f"GPU-time share of torchext kernels: {_share_text(results.get('gpu_time_share'))}."]
+    lines += [
+        "",
+        f"GPU-time share of torchext kernels: {_share_text(results.get('gpu_time_share'))}.",
+        "",
+        _busy_text(results),
+    ]
     pool = results.get("memory", {}).get("pool_stats")
     if pool:
         lines += [
