@@ -408,3 +408,29 @@ def test_torchrun_two_processes(tmp_path, mlp_run):
             assert m["epochs"][0]["train_loss"] == pytest.approx(m1["epochs"][0]["train_loss"], rel=1e-3), name
         a, b = (s["models"][n]["epochs"][0]["train_loss"] for n in ("stock", "torchext"))
         assert a == pytest.approx(b, rel=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow  # two processes training: left out of the compute-sanitizer pass
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_torchrun_two_gpus_nccl(tmp_path):
+    """The same under NCCL on 2 GPUs, with the GPU-time profile (rank 0 only) and the per-epoch target checks."""
+    script = tmp_path / "launch.py"
+    script.write_text(_TORCHRUN_SCRIPT.format(tests=TESTS_DIR))
+    out = tmp_path / "ddp_cuda"
+    args = ["--model", "cnn_cifar", "--data", "synthetic", "--synthetic-train", "512", "--synthetic-val", "128",
+            "--epochs", "2", "--seeds", "0", "--batch-size", "64", "--device", "cuda", "--profile-steps", "2",
+            "--out", str(out), "--quiet"]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["environment"]["world_size"] == 2 and results["environment"]["device"] == "cuda:0"
+    for name in ("stock", "torchext"):
+        m = results["seeds"][0]["models"][name]
+        assert [e["images"] for e in m["epochs"]] == [512, 512]
+        assert int(torch.tensor(m["confusion_matrix"]).sum()) == 128
+        assert m["peak_allocated_bytes"] > 0
+    assert results["gpu_time_share"]["share"] > 0, results["gpu_time_share"]
+    assert results["stock_gpu_time"]["share"] == 0, "stock runs no torchext kernel"
