@@ -103,6 +103,9 @@ if has compare; then
   done
 fi
 if has ddp; then
+  echo "== the 2-GPU NCCL test"
+  python -m pytest tests/test_compare.py -q -p no:cacheprovider -k nccl -rs > "$OUT/ddp_test.log" 2>&1 || status=1
+  tail -3 "$OUT/ddp_test.log"
   COMPARE_LAUNCH=(torchrun --standalone --nproc_per_node=2 -m torchext.compare)
   compare_run resnet18_cifar_b512_ddp2 400 --model resnet18_cifar
 fi
