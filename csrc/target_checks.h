@@ -5,7 +5,8 @@
 // GPU, which costs a training step up to a few percent. TORCHEXT_CHECK_TARGETS chooses, at each call:
 //   unset, "deferred": the result is copied into pinned host memory behind an event, and the error is raised by
 //                      the first torchext loss call after the copy has landed, or by torchext.ops.check_targets()
-//                      (which waits for it). The loss of the offending call holds NaN for the bad rows. This is the
+//                      (which waits for it), or, at interpreter exit, printed to stderr (torchext/ops/
+//                      cross_entropy.py). The loss of the offending call holds NaN for the bad rows. This is the
 //                      default: PyTorch's own losses check with a device-side assert, which also reports late (and
 //                      kills the CUDA context, which this does not).
 //   "sync" or "1":     read back at once; the call itself raises (the behaviour of torchext 0.1).

@@ -1,5 +1,8 @@
 """cross_entropy against torch.nn.functional.cross_entropy, forward and backward."""
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -285,3 +288,23 @@ def test_cross_entropy_sync_and_off_target_checks(monkeypatch):
     monkeypatch.setenv("TORCHEXT_CHECK_TARGETS", "later")
     with pytest.raises(ValueError, match="TORCHEXT_CHECK_TARGETS=later: expected 'deferred'"):
         torchext.ops.cross_entropy(x, bad)
+
+
+@gpu
+def test_cross_entropy_pending_check_reported_at_exit(tmp_path):
+    """A script whose last loss call gets a bad target still hears of it: the pending check prints at exit."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "last_call.py"
+    script.write_text(
+        "import torch, torchext\n"
+        "x = torch.randn(4, 3, device='cuda')\n"
+        "print(torchext.ops.cross_entropy(x, torch.tensor([0, 3, 1, 1], device='cuda')).item())\n"
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    env.pop("TORCHEXT_CHECK_TARGETS", None)
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "nan", proc.stdout + proc.stderr
+    assert "torchext: " in proc.stderr and "1 of 4 targets are not" in proc.stderr, proc.stderr[-2000:]

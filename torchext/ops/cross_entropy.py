@@ -12,9 +12,11 @@ Bad targets raise an IndexError naming `target`. On CUDA the check runs on the d
 without stopping the GPU: the error comes from a later cross_entropy or multi_margin_loss call, or from
 ``check_targets()``, and the offending call's loss holds NaN for those rows. ``TORCHEXT_CHECK_TARGETS=sync`` makes
 the call itself raise (one 4-byte read and a stream synchronization per call), ``=off`` skips the check
-(csrc/target_checks.h).
+(csrc/target_checks.h). A check still pending when the interpreter exits prints its error to stderr.
 """
 
+import atexit
+import sys
 from typing import Optional
 
 import torch
@@ -71,6 +73,18 @@ def check_targets() -> None:
     bad target must surface before going on, such as at the end of an epoch or of a script. A no-op on the CPU
     (whose checks raise at the call) and under TORCHEXT_CHECK_TARGETS=sync or off."""
     torch.classes.torchext.TargetChecks.flush()
+
+
+@atexit.register
+def _report_pending_target_errors() -> None:
+    """At interpreter exit, a deferred check not yet reported would be lost (a script whose last loss call got a
+    bad target): wait for the pending checks and print their error to stderr."""
+    try:
+        check_targets()
+    except IndexError as e:
+        print(f"torchext: {e}", file=sys.stderr)
+    except Exception:  # noqa: BLE001 - exiting; CUDA may already be unusable
+        pass
 
 
 def _acc_dtype(t: Tensor) -> torch.dtype:
