@@ -2,7 +2,8 @@
 //
 // The loss kernels record bad targets on the device (a count, or the first bad row). Reading that back at once
 // costs a device-to-host copy and a stream synchronization per call: the host then cannot queue work ahead of the
-// GPU, which costs a training step up to a few percent. TORCHEXT_CHECK_TARGETS chooses, at each call:
+// GPU (its cost alone was not measured; with Python autograd it made torchext-compare's first GPU run 11-26%
+// slower than stock, see benchmarks/results/cifar10/README.md). TORCHEXT_CHECK_TARGETS chooses, at each call:
 //   unset, "deferred": the result is copied into pinned host memory behind an event, and the error is raised by
 //                      the first torchext loss call after the copy has landed, or by torchext.ops.check_targets()
 //                      (which waits for it), or, at interpreter exit, printed to stderr (torchext/ops/
