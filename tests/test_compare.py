@@ -377,22 +377,25 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+def _torchrun_two(tmp_path, args, out, timeout, **env_vars) -> dict:
+    """Runs torchext-compare under torchrun with 2 processes and returns the results.json it wrote to `out`."""
+    script = tmp_path / "launch.py"
+    script.write_text(_TORCHRUN_SCRIPT.format(tests=TESTS_DIR))
+    env = dict(os.environ, **env_vars, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads((out / "results.json").read_text())
+
+
 def test_torchrun_two_processes(tmp_path, mlp_run):
     """DistributedDataParallel over 2 gloo ranks: each trains on half of every global batch of 64; the figures are
     summed over ranks, only rank 0 writes, and the losses track the single-process run of the same seeds."""
-    script = tmp_path / "launch.py"
-    script.write_text(_TORCHRUN_SCRIPT.format(tests=TESTS_DIR))
     out = tmp_path / "ddp"
     args = ["--model", "mlp", "--data", "synthetic", "--synthetic-train", "320", "--synthetic-val", "100",
             "--epochs", "2", "--seeds", "0,1", "--batch-size", "64", "--val-batch-size", "64", "--device", "cpu",
             "--out", str(out), "--quiet"]  # fmt: skip
-    env = dict(
-        os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")])
-    )
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=str(tmp_path))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    results = json.loads((out / "results.json").read_text())
+    results = _torchrun_two(tmp_path, args, out, timeout=240, OMP_NUM_THREADS="1")
     assert results["environment"]["world_size"] == 2
     assert (out / "summary.md").is_file()
     has_matplotlib = importlib.util.find_spec("matplotlib") is not None
@@ -415,17 +418,11 @@ def test_torchrun_two_processes(tmp_path, mlp_run):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
 def test_torchrun_two_gpus_nccl(tmp_path):
     """The same under NCCL on 2 GPUs, with the GPU-time profile (rank 0 only) and the per-epoch target checks."""
-    script = tmp_path / "launch.py"
-    script.write_text(_TORCHRUN_SCRIPT.format(tests=TESTS_DIR))
     out = tmp_path / "ddp_cuda"
     args = ["--model", "cnn_cifar", "--data", "synthetic", "--synthetic-train", "512", "--synthetic-val", "128",
             "--epochs", "2", "--seeds", "0", "--batch-size", "64", "--device", "cuda", "--profile-steps", "2",
             "--out", str(out), "--quiet"]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    results = json.loads((out / "results.json").read_text())
+    results = _torchrun_two(tmp_path, args, out, timeout=300)
     assert results["environment"]["world_size"] == 2 and results["environment"]["device"] == "cuda:0"
     for name in ("stock", "torchext"):
         m = results["seeds"][0]["models"][name]
