@@ -2,10 +2,11 @@
 # One call on a GPU machine: build torchext for the local torch, run the whole test suite (GPU tests included),
 # run the GPU tests again under compute-sanitizer memcheck, and run the op benchmark. Everything lands in $OUT.
 #
-#   OUT=out bash benchmarks/run_on_gpu.sh [build] [test] [memcheck] [bench] [matmul] [memory] [compare] [ddp]
+#   OUT=out bash benchmarks/run_on_gpu.sh [build] [test] [memcheck] [bench] [matmul] [memory] [host] [compare] [ddp]
 #   (default: the first four)
 #
 # matmul runs benchmarks/bench_matmul.py (ladder, Linear, CPU GEMM; ~2 min on an H200, MATMUL_ARGS=--quick ~1 min).
+# host runs benchmarks/bench_host.py on CUDA tensors (host time per module call, ~30 s).
 # compare runs the CIFAR-10 comparisons named in COMPARE_RUNS (default: all of the table below; about 15 min on an
 # H100, so name a few per call where calls are limited to 10 min); ddp the ResNet-18 recipe under
 # torchrun --nproc_per_node=2 (2 GPUs). Each run is written to /tmp/torchext-compare/<run>/ (results, plots and its
@@ -76,6 +77,7 @@ has bench && bench_stage "op benchmark" bench_ops.py ops_gpu
 has memory && bench_stage "memory pool benchmark" bench_memory.py memory_gpu ${MEMORY_ARGS:-}
 # shellcheck disable=SC2086
 has matmul && bench_stage "matmul benchmark" bench_matmul.py matmul_gpu ${MATMUL_ARGS:-}
+has host && bench_stage "host time per call" bench_host.py host_gpu --device cuda
 # compare_run NAME LIMIT_S [torchext-compare args...]
 compare_run() {
   local name=$1 limit=$2
