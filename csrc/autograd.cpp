@@ -30,8 +30,8 @@ c10::TypedOperatorHandle<Signature> find_op(const char* name) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// One-input ops whose backward op is (grad_output, saved) -> grad_input: relu, sigmoid, tanh, softmax and
-// log_softmax save their output, silu its input.
+// One-input ops whose backward op is (grad_output, saved[, arg]) -> grad_input: relu, sigmoid, tanh, softmax and
+// log_softmax save their output, silu, leaky_relu and gelu their input.
 
 // The op's names and which tensor its backward reads.
 #define TORCHEXT_UNARY_OP(NAME, OP, SAVES_OUTPUT)                           \
@@ -46,6 +46,8 @@ TORCHEXT_UNARY_OP(Tanh, "tanh", true)
 TORCHEXT_UNARY_OP(Silu, "silu", false)
 TORCHEXT_UNARY_OP(Softmax, "softmax", true)
 TORCHEXT_UNARY_OP(LogSoftmax, "log_softmax", true)
+TORCHEXT_UNARY_OP(LeakyRelu, "leaky_relu", false)
+TORCHEXT_UNARY_OP(Gelu, "gelu", false)
 #undef TORCHEXT_UNARY_OP
 
 template <typename Op>
@@ -74,57 +76,37 @@ Tensor unary_autograd(const Tensor& self) {
   return UnaryFunction<Op>::apply(self);
 }
 
-class LeakyReluFunction : public torch::autograd::Function<LeakyReluFunction> {
+// The same for ops with one non-tensor argument after `self` (leaky_relu's negative_slope, gelu's approximate),
+// kept for backward in ctx->saved_data as a `Stored` (an IValue can hold a double or a std::string).
+template <typename Op, typename Arg, typename Stored>
+class UnaryWithArgFunction : public torch::autograd::Function<UnaryWithArgFunction<Op, Arg, Stored>> {
  public:
-  static Tensor forward(AutogradContext* ctx, const Tensor& self, double negative_slope) {
-    static const auto op = find_op<Tensor(const Tensor&, double)>("torchext::leaky_relu");
+  static Tensor forward(AutogradContext* ctx, const Tensor& self, Arg arg) {
+    static const auto op = find_op<Tensor(const Tensor&, Arg)>(Op::kForward);
     Tensor out;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      out = op.call(self, negative_slope);
+      out = op.call(self, arg);
     }
-    ctx->save_for_backward({self});
-    ctx->saved_data["negative_slope"] = negative_slope;
+    ctx->save_for_backward({Op::kSavesOutput ? out : self});
+    ctx->saved_data["arg"] = Stored(arg);
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto op = find_op<Tensor(const Tensor&, const Tensor&, double)>("torchext::leaky_relu_backward");
+    static const auto op = find_op<Tensor(const Tensor&, const Tensor&, Arg)>(Op::kBackward);
     if (!grads[0].defined()) return {Tensor(), Tensor()};
-    const double negative_slope = ctx->saved_data["negative_slope"].toDouble();
-    return {op.call(grads[0], ctx->get_saved_variables()[0], negative_slope), Tensor()};
+    const Stored arg = ctx->saved_data["arg"].to<Stored>();
+    return {op.call(grads[0], ctx->get_saved_variables()[0], arg), Tensor()};
   }
 };
 
 Tensor leaky_relu_autograd(const Tensor& self, double negative_slope) {
-  return LeakyReluFunction::apply(self, negative_slope);
+  return UnaryWithArgFunction<LeakyRelu, double, double>::apply(self, negative_slope);
 }
 
-class GeluFunction : public torch::autograd::Function<GeluFunction> {
- public:
-  static Tensor forward(AutogradContext* ctx, const Tensor& self, c10::string_view approximate) {
-    static const auto op = find_op<Tensor(const Tensor&, c10::string_view)>("torchext::gelu");
-    Tensor out;
-    {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      out = op.call(self, approximate);
-    }
-    ctx->save_for_backward({self});
-    ctx->saved_data["approximate"] = std::string(approximate);
-    return out;
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto op =
-        find_op<Tensor(const Tensor&, const Tensor&, c10::string_view)>("torchext::gelu_backward");
-    if (!grads[0].defined()) return {Tensor(), Tensor()};
-    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
-    return {op.call(grads[0], ctx->get_saved_variables()[0], approximate), Tensor()};
-  }
-};
-
 Tensor gelu_autograd(const Tensor& self, c10::string_view approximate) {
-  return GeluFunction::apply(self, approximate);
+  return UnaryWithArgFunction<Gelu, c10::string_view, std::string>::apply(self, approximate);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -54,14 +54,6 @@ inline cuda_ops::LossReduction to_cuda_reduction(Reduction r) {
 
 inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
 
-// Whether an op may read back the result of a device-side argument check (csrc/target_checks.h): not while the
-// stream is being captured into a CUDA graph (no copy or synchronization may be captured).
-inline bool may_read_back_checks(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  return status == cudaStreamCaptureStatusNone;
-}
-
 }  // namespace torchext
 
 // Dispatch over the four floating dtypes the CUDA kernels are built for; inside, scalar_t is the ATen type.

@@ -1,16 +1,13 @@
 // Deferred target checks (csrc/target_checks.h): a process-wide queue of pinned-memory results behind CUDA events.
 #include "target_checks.h"
 
+#include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>
-#include <c10/util/Exception.h>
-#include <torch/library.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAStream.h>
 
-#include <cstdlib>
 #include <deque>
 #include <mutex>
-#include <string>
-
-#include "cuda_utils.h"
 
 namespace torchext {
 namespace {
@@ -61,7 +58,7 @@ void check_targets(const at::Tensor& result, TargetReport report) {
   const TargetCheckMode mode = target_check_mode();
   // While the stream is captured into a CUDA graph neither this check nor the queue's may touch it: querying an
   // event or copying is not allowed there (cudaErrorStreamCaptureUnsupported, which invalidates the capture).
-  if (!may_read_back_checks(current_stream())) return;
+  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) return;
   // Earlier calls' errors first; this call's check is queued before one is raised, so that it is not lost.
   std::exception_ptr earlier;
   try {
@@ -69,8 +66,7 @@ void check_targets(const at::Tensor& result, TargetReport report) {
   } catch (...) {
     earlier = std::current_exception();
   }
-  const bool check = mode != TargetCheckMode::Off;
-  if (check && mode == TargetCheckMode::Deferred) {
+  if (mode == TargetCheckMode::Deferred) {
     PendingCheck entry;
     entry.host = at::empty(result.sizes(), result.options().device(at::kCPU).pinned_memory(true));
     entry.host.copy_(result, /*non_blocking=*/true);
@@ -81,7 +77,7 @@ void check_targets(const at::Tensor& result, TargetReport report) {
     pending.push_back(std::move(entry));
   }
   if (earlier) std::rethrow_exception(earlier);
-  if (check && mode == TargetCheckMode::Sync) {
+  if (mode == TargetCheckMode::Sync) {
     report(result.scalar_type() == at::kLong ? result.item<int64_t>() : result.item<int>(), /*deferred=*/false);
   }
 }

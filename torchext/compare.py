@@ -1080,8 +1080,7 @@ def gpu_busy(results: dict) -> dict:
     return out
 
 
-def _busy_text(results: dict) -> str:
-    b = gpu_busy(results)
+def _busy_text(b: dict) -> str:
     if any(b[name]["busy"] is None for name in MODEL_NAMES):
         return "GPU work per training step: not measured (CUDA only, from the profiled steps)."
     per = "; ".join(
@@ -1162,7 +1161,7 @@ def render_summary(results: dict) -> str:
         "",
         f"GPU-time share of torchext kernels: {_share_text(results.get('gpu_time_share'))}.",
         "",
-        _busy_text(results),
+        _busy_text(s.get("gpu_busy") or gpu_busy(results)),
     ]
     pool = results.get("memory", {}).get("pool_stats")
     if pool:

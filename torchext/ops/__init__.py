@@ -1,5 +1,5 @@
 """Typed wrappers over torch.ops.torchext.*, one module per op family. Importing this package registers every op's
-fake kernel, autograd formula and autocast rule."""
+fake kernel and the autograd and autocast rules written in Python (the rest are C++: csrc/autograd.cpp)."""
 
 from .activations import gelu, leaky_relu, relu, sigmoid, silu, tanh
 from .cross_entropy import check_targets, cross_entropy
