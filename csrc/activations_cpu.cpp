@@ -23,15 +23,15 @@ at::Tensor unary_cpu(const char* op, const at::Tensor& self, F f) {
   return y;
 }
 
-// grad_x[i] = f(grad_y[i], saved[i]); `saved` is the forward input or output, as the derivative needs.
+// grad_x[i] = f(grad_y[i], saved[i]); `saved` is the forward input or output, as the derivative needs. grad_x takes
+// saved's layout (checks.h, in_layout_of).
 template <typename F>
 at::Tensor binary_cpu(const char* op, const at::Tensor& grad_output, const at::Tensor& saved, const char* saved_name,
                       F f) {
   check_floating(op, saved, saved_name);
   check_like(op, saved, saved_name, grad_output, "grad_output");
-  const bool flat = same_dense_layout(saved, grad_output);
-  const at::Tensor s = flat ? saved : saved.contiguous();
-  const at::Tensor g = flat ? grad_output : grad_output.contiguous();
+  const at::Tensor s = dense(saved);
+  const at::Tensor g = in_layout_of(grad_output, s);
   at::Tensor gx = at::empty_like(s);
   AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "torchext_binary_cpu", [&] {
     const scalar_t* gp = g.const_data_ptr<scalar_t>();

@@ -1,6 +1,7 @@
 // CUDA wrappers for the activations: checks, device guard, dtype dispatch, then a cuda_ops/activations.cu launcher
 // on the current stream. Dense layouts (contiguous, channels-last, any permutation) run in place of their memory
-// order; anything else is made contiguous first.
+// order; anything else is made contiguous first. A backward returns its gradient in the layout of the saved tensor
+// (checks.h, in_layout_of).
 #include <torch/library.h>
 
 #include "activations.cuh"
@@ -31,9 +32,8 @@ at::Tensor binary_cuda(const char* op, const at::Tensor& grad_output, const at::
   check_floating(op, saved, saved_name);
   check_like(op, saved, saved_name, grad_output, "grad_output");
   c10::cuda::CUDAGuard guard(saved.device());
-  const bool flat = same_dense_layout(saved, grad_output);
-  const at::Tensor s = flat ? saved : saved.contiguous();
-  const at::Tensor g = flat ? grad_output : grad_output.contiguous();
+  const at::Tensor s = dense(saved);
+  const at::Tensor g = in_layout_of(grad_output, s);
   at::Tensor gx = at::empty_like(s);
   if (s.numel() == 0) return gx;
   TORCHEXT_DISPATCH_CUDA_FLOATING(s.scalar_type(), "torchext_binary_cuda", [&] {

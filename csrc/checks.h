@@ -65,12 +65,30 @@ inline void check_like(std::string_view op, const at::Tensor& a, std::string_vie
 }
 
 // Elementwise kernels walk memory as a flat array. That is valid for any non-overlapping dense tensor (contiguous,
-// channels-last, permuted...) as long as every operand has the same strides; the output then keeps the input's
-// layout (empty_like preserves it). Anything else is made contiguous first.
-inline bool same_dense_layout(const at::Tensor& a, const at::Tensor& b) {
-  return a.is_non_overlapping_and_dense() && a.strides() == b.strides();
+// channels-last, permuted...) as long as every operand has the same layout; the output then keeps the input's
+// layout (empty_like preserves it). A tensor that is not dense is made contiguous first.
+inline at::Tensor dense(const at::Tensor& t) { return t.is_non_overlapping_and_dense() ? t : t.contiguous(); }
+
+// Whether two tensors of the same shape hold their elements in the same memory order: equal strides, leaving out
+// dimensions of size 1, whose stride never matters.
+inline bool same_strides(const at::Tensor& a, const at::Tensor& b) {
+  for (int64_t d = 0; d < a.dim(); ++d) {
+    if (a.size(d) != 1 && a.stride(d) != b.stride(d)) return false;
+  }
+  return true;
 }
 
-inline at::Tensor dense(const at::Tensor& t) { return t.is_non_overlapping_and_dense() ? t : t.contiguous(); }
+// `t` in the memory layout of the dense tensor `layout` (same shape): `t` itself where it already is, else a copy.
+// An elementwise backward gives the gradient the layout of the tensor the forward saved, as torch's own backward
+// kernels do: a channels-last network keeps channels-last gradients where grad_output comes in another layout (the
+// contiguous gradient of a pooling layer, the expanded gradient of a mean). Making both contiguous instead would
+// hand every layer before this one a gradient in the other layout (seen in ResNet-18: cuDNN and batch norm then
+// run their slower NCHW kernels through the whole last stage).
+inline at::Tensor in_layout_of(const at::Tensor& t, const at::Tensor& layout) {
+  if (same_strides(t, layout)) return t;
+  at::Tensor out = at::empty_like(layout);
+  out.copy_(t);
+  return out;
+}
 
 }  // namespace torchext

@@ -103,6 +103,46 @@ def test_activation_keeps_channels_last(name, device):
     assert gx.stride() == x.stride()
 
 
+# grad_output layouts that differ from a channels-last input's: the contiguous gradient a pooling layer may give,
+# the expanded gradient of a mean over H and W, a gradient with unit spatial dimensions (strides that do not matter).
+GRAD_LAYOUTS = {
+    "contiguous": lambda g: g.contiguous(),
+    "expanded": lambda g: g.mean((2, 3), keepdim=True).expand_as(g),
+    "transposed": lambda g: g.transpose(2, 3).contiguous().transpose(2, 3),
+}
+
+
+@pytest.mark.parametrize("name", ACTIVATIONS)
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("grad_layout", GRAD_LAYOUTS)
+def test_activation_gradient_takes_the_input_layout(name, device, grad_layout):
+    """The gradient keeps the forward's layout whatever grad_output's is, as torch's backward kernels do, so a
+    channels-last network's gradients stay channels-last (a contiguous one makes cuDNN and batch norm run their
+    NCHW kernels in every layer before it)."""
+    ours_fn, torch_fn = ACTIVATIONS[name][:2]
+    x = make_tensor((3, 5, 4, 6), torch.float32, device).to(memory_format=torch.channels_last).requires_grad_(True)
+    x64 = x.detach().to(torch.float64).requires_grad_(True)
+    grad = GRAD_LAYOUTS[grad_layout](make_tensor((3, 5, 4, 6), torch.float32, device))
+    assert grad.stride() != x.stride()
+    y = ours_fn(x)
+    (gx,) = torch.autograd.grad(y, x, grad)
+    assert gx.stride() == x.stride(), f"{name}: gradient strides {gx.stride()}, input strides {x.stride()}"
+    (gx_torch,) = torch.autograd.grad(torch_fn(x), x, grad)
+    (gx_ref,) = torch.autograd.grad(torch_fn(x64), x64, grad.to(torch.float64))
+    assert_accurate(gx, gx_torch, gx_ref, f"{name} x.grad with a {grad_layout} grad_output")
+
+
+def test_unit_dimensions_strides_do_not_force_a_copy():
+    """(N, C, 1, 1) channels-last and contiguous tensors lie the same way in memory, though their strides differ:
+    the backward reads grad_output as it is."""
+    y = torchext.ops.relu(torch.randn(4, 8, 1, 1).to(memory_format=torch.channels_last))
+    g = torch.randn(4, 8, 1, 1)
+    assert y.stride() != g.stride()
+    gx = torch.ops.torchext.relu_backward(g, y)
+    assert torch.equal(gx, torch.where(y > 0, g, torch.zeros_like(g)))
+    assert gx.stride() == y.stride()
+
+
 @gpu
 @pytest.mark.parametrize("name", ACTIVATIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

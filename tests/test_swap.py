@@ -139,6 +139,26 @@ def test_resnet18_cifar_forward_backward_match_stock():
     _assert_same_state(stock, swapped, "resnet18_cifar after a train-mode forward")
 
 
+def test_resnet18_cifar_channels_last_gradients_keep_stocks_layout():
+    """Every layer of the swapped channels-last ResNet-18 receives its gradient in the layout stock gives it. (A
+    ReLU backward that returned a contiguous gradient where the pooling layer's gradient came in contiguous put the
+    whole last stage on cuDNN's and batch norm's NCHW kernels on the GPU.)"""
+    stock, swapped, _ = _stock_and_swapped(models.resnet18_cifar)
+    x = torch.randn(2, 3, 32, 32, dtype=F64).to(memory_format=torch.channels_last)
+    strides = {}
+    for tag, model in (("stock", stock), ("torchext", swapped)):
+        model.to(memory_format=torch.channels_last)
+        seen = strides[tag] = {}
+        for name, module in model.named_modules():
+            if isinstance(module, (nn.Conv2d, nn.BatchNorm2d)):
+                module.register_full_backward_hook(
+                    lambda m, gin, gout, name=name, seen=seen: seen.__setitem__(name, gout[0].stride())
+                )
+        model(x).sum().backward()
+    assert len(strides["stock"]) == 40
+    assert strides["torchext"] == strides["stock"]
+
+
 def test_cnn_cifar_forward_matches_stock_with_dropout():
     stock, swapped, _ = _stock_and_swapped(models.cnn_cifar)
     x = torch.randn(4, 3, 32, 32, dtype=F64)
