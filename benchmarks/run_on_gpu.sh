@@ -3,6 +3,7 @@
 # run the GPU tests again under compute-sanitizer memcheck, and run the op benchmark. Everything lands in $OUT.
 #
 #   OUT=out bash benchmarks/run_on_gpu.sh [build] [test] [memcheck] [bench] [matmul] [memory] [host] [compare] [ddp]
+#                                         [notebooks]
 #   (default: the first four)
 #
 # matmul runs benchmarks/bench_matmul.py (ladder, Linear, CPU GEMM; ~2 min on an H200, MATMUL_ARGS=--quick ~1 min).
@@ -10,7 +11,16 @@
 # compare runs the CIFAR-10 comparisons named in COMPARE_RUNS (default: all of the table below; about 15 min on an
 # H100, so name a few per call where calls are limited to 10 min); ddp the ResNet-18 recipe under
 # torchrun --nproc_per_node=2 (2 GPUs). Each run is written to /tmp/torchext-compare/<run>/ (results, plots and its
-# console log) and packed into $OUT/cifar10-<run>.tar.gz: one file per run comes back. COMPARE_DATA: the CIFAR-10 source (default .data/cifar10-train-jpg.tar.gz).
+# console log) and packed into $OUT/cifar10-<run>.tar.gz: one file per run comes back. COMPARE_DATA: the CIFAR-10
+# source (default .data/cifar10-train-jpg.tar.gz).
+# notebooks executes notebooks/*.ipynb with the machine's settings into $OUT/notebooks/ (02 trains the ResNet-18
+# recipe on .data/cifar10-train-jpg.tar.gz, ~3 min on an H100). The device machines have no Jupyter: fetch the
+# wheels here once (Python 3.12, x86-64), and carry .data and .whl:
+#   pip download --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+#     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 -d .whl \
+#     nbclient==0.11.0 nbformat==5.11.1 ipykernel==7.4.0 jupyter_client==8.10.0 ipython==8.12.3
+# then delete from .whl what the machine has already (attrs, packaging, pygments, python_dateutil, typing_extensions,
+# tzdata), so that no second copy shadows it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -110,5 +120,14 @@ if has ddp; then
   tail -3 "$OUT/ddp_test.log"
   COMPARE_LAUNCH=(torchrun --standalone --nproc_per_node=2 -m torchext.compare)
   compare_run resnet18_cifar_b512_ddp2 400 --model resnet18_cifar
+fi
+if has notebooks; then
+  echo "== notebooks"
+  if ! python -c "import nbclient, nbformat, ipykernel" 2> /dev/null; then
+    python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      || { echo "no Jupyter wheels in .whl/ (see the header)"; status=1; }
+    export PYTHONPATH="$PYTHONPATH:/tmp/site"
+  fi
+  python benchmarks/run_notebooks.py notebooks/*.ipynb --out "$OUT/notebooks" 2>&1 | grep -v "WARNING\|_validate(" || status=1
 fi
 exit $status
