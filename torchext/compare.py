@@ -589,13 +589,12 @@ def _train_epoch(c: _Contender, loader, epoch: int, seed: int, cfg: CompareConfi
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - t0
+    c.optimizer.zero_grad(set_to_none=True)  # what stays resident while the other model trains: no gradients
+    peak_allocated = peak_reserved = None
     if device.type == "cuda":
         from .ops import check_targets
 
         check_targets()  # the loss's target checks are read back without stopping the GPU: surface any error here
-    c.optimizer.zero_grad(set_to_none=True)  # what stays resident while the other model trains: no gradients
-    peak_allocated = peak_reserved = None
-    if device.type == "cuda":
         peak_allocated = torch.cuda.max_memory_allocated(device)
         peak_reserved = torch.cuda.max_memory_reserved(device)
     total_loss, total_steps = _all_reduce([loss_sum.item(), float(steps)], dist, device)
@@ -1083,11 +1082,11 @@ def gpu_busy(results: dict) -> dict:
 def _busy_text(b: dict) -> str:
     if any(b[name]["busy"] is None for name in MODEL_NAMES):
         return "GPU work per training step: not measured (CUDA only, from the profiled steps)."
-    per = "; ".join(
-        f"{name} {b[n]['gpu_ms']:.2f} ms of GPU work in {b[n]['wall_ms']:.2f} ms ({100 * b[n]['busy']:.0f}% busy)"
-        for name in MODEL_NAMES
-        for n in (name,)
-    )
+    parts = []
+    for name in MODEL_NAMES:
+        m = b[name]
+        parts.append(f"{name} {m['gpu_ms']:.2f} ms of GPU work in {m['wall_ms']:.2f} ms ({100 * m['busy']:.0f}% busy)")
+    per = "; ".join(parts)
     return (
         f"GPU work per training step (profiled) against the measured step time: {per}. Well below 100%, the step "
         "waits on the host (Python, autograd, kernel launches), and the epoch-time ratio compares host costs more "
