@@ -111,15 +111,21 @@ def _event_kind(event: Any) -> Optional[str]:
     if activity:
         return _ACTIVITY_KINDS.get(str(activity).lower())  # None: annotations and anything else
     # Without an activity type (torch 2.11's FunctionEvents have none) go by the name. Annotation ranges are named
-    # "<label>#<label>"; no kernel, memcpy or memset name holds a '#'.
+    # "<label>#<label>" ("ProfilerStep#3", "Optimizer.step#SGD.step"). Kernel names may hold a '#' too: ATen's
+    # elementwise kernels are instantiated on lambdas ("...launch_clamp_scalar(...)::{lambda()#1}..."), so a '#'
+    # marks an annotation only in a name without a signature, template arguments or spaces.
     name = event.name
-    if "#" in name:
+    if _is_annotation_name(name):
         return None
     if name.startswith("Memcpy"):
         return "memcpy"
     if name.startswith("Memset"):
         return "memset"
     return "kernel"
+
+
+def _is_annotation_name(name: str) -> bool:
+    return "#" in name and not any(c in name for c in "(<{ ")
 
 
 def device_events(events: Iterable[Any], device: Union[str, torch.device, None] = None) -> list[DeviceEvent]:
