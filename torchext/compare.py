@@ -710,7 +710,7 @@ def _gpu_time_share(step, steps: int, device=None):
     try:
         from . import profiling
 
-        result = profiling.gpu_time_share(step, steps=steps, device=device)
+        result = profiling.gpu_time_share(step, steps=steps, device=device, top=60)
     except Exception as e:  # noqa: BLE001 - reported in the results instead
         warnings.warn(f"torchext-compare: the GPU-time share could not be measured: {e}", stacklevel=2)
         return {"error": f"{type(e).__name__}: {e}"}
