@@ -26,10 +26,14 @@
 //                        cp.async straight into shared memory for an m / n-contiguous float or double operand on
 //                        sm_80+). The 16x16 thread grid spans the block: thread (ty, tx) owns the 4x4 patches at rows
 //                        ty*4 + 64 i and columns tx*4 + 64 j (i, j < 2).
-//   v5 warp_tiled        the same pipeline with the block tile split into warp tiles (32x64) and each warp tile
-//                        among its lanes (4x8 lanes, each owning 2x2 patches of 4x4): a warp's smem reads per k step
-//                        touch 64 + 128 bytes (one wavefront each) instead of v4's 32 + 256. Shapes for H100/H200
-//                        FP32; see V5Float below for the alternatives.
+//   v5 warp_tiled        the block tile split into warp tiles (32x64) and each warp tile among its lanes (4x8
+//                        lanes, each owning 2x2 patches of 4x4): a warp's smem reads per k step touch 64 + 128
+//                        bytes (one wavefront each) instead of v4's 32 + 256. And the fragments are double-buffered
+//                        in registers: row kk + 1 is read from shared memory while row kk's 64 FMAs run, and the
+//                        barrier sits inside the tile's last row, so neither smem latency nor the barrier stalls a
+//                        warp between rows. At 4096^3 in float32 that took v5 from below v4 (73% against 76.5% of
+//                        cuBLAS, H100) to above it (80% against 77%, H200; ncu: 0.77 instructions issued per
+//                        scheduler cycle, v4 0.73). Shapes for H100/H200 FP32; see V5Float below for the alternatives.
 //
 // v4 and v5 read an operand with 16-byte vectors when it is contiguous along k (A row-major, B column-major) or
 // along m / n (A column-major, B row-major) and its base pointer, its other stride and its batch stride keep every
@@ -446,15 +450,21 @@ using V3Float = TileConfig<128, 128, 8, 128, 128, 16, 16, 1, 4, 1, 2>;
 using V3Double = TileConfig<64, 64, 8, 64, 64, 16, 16, 1, 2, 1, 2>;
 using V4Float = TileConfig<128, 128, 8, 128, 128, 16, 16, 4, 4, 2, 2>;
 using V4Double = TileConfig<64, 64, 8, 64, 64, 16, 16, 2, 4, 2, 2>;
-// v5 for float-accumulating types. TORCHEXT_MATMUL_V5_CONFIG picks the shape at build time:
-//   0 (default)  128x128x8,  8 warps as 4x2 of 32x64, lanes 4x8, thread 8x8 (2x2 patches of 4x4), 2 blocks / SM
-//   1            128x128x16, the same warps: half the barriers and loop overhead per flop, twice the smem
-//   2            128x128x8,  8 warps as 2x4 of 64x32, lanes 8x4 (the same reads, transposed)
-//   3            128x64x8,   4 warps as 4x1 of 32x64: twice the blocks (a shorter tail at the end of the grid), 4 / SM
-// All four read 128 + 64 bytes of smem per warp and k step and are capped at 128 registers (2 blocks of 256 threads,
-// or 4 of 128, per SM). With CUDA 13.0 on sm_90a and sm_80, configs 0 and 3 compile without spills for every dtype
-// and loader pair; config 2 spills for half / bfloat16 with both vector loaders (they widen in registers), config
-// 1 for half / bfloat16 and for float with a scalar loader (row-major float, the benchmarked case, is clean).
+// v5 for float-accumulating types. TORCHEXT_MATMUL_V5_CONFIG picks the shape at build time (float32 4096^3 against
+// cuBLAS SGEMM, benchmarks/simt_check.cu, all with the register double-buffering unless said otherwise):
+//   0 (default)  128x128x8,  8 warps as 4x2 of 32x64, lanes 4x8, thread 8x8 (2x2 patches of 4x4), 2 blocks / SM:
+//                80% (H200); 73% without the register double-buffering (H100)
+//   1            128x128x16, the same warps: half the barriers and loop overhead per flop, twice the smem. 79%
+//                without the double-buffering (H100); with it, float spills at the 128-register cap
+//   2            128x128x8,  8 warps as 2x4 of 64x32, lanes 8x4 (the same reads, transposed): 73% without it
+//   3            128x64x8,   4 warps as 4x1 of 32x64: twice the blocks (a shorter tail), 4 / SM: 68% without it
+//   4            256x128x8,  8 warps as 4x2 of 64x64, thread 16x8, 1 block / SM (cuBLAS's shape on Hopper: its
+//                sm80 256x128x8 FFMA kernel, 254 registers): 77% (H200). The same instruction count as cuBLAS
+//                (2.44 G), but 0.70 issues per scheduler cycle against cuBLAS's 0.91: 17% dispatch and 12% wait stalls
+//                (cuBLAS 9% and 1%), which the register allocation decides, not this source.
+// Configs 0-3 are capped at 128 registers (2 blocks of 256 threads, or 4 of 128, per SM). With CUDA 13.0 on sm_90a,
+// config 0 compiles without spills for float in every loader pair but vec_k x vec_k (8 bytes); half / bfloat16 spill
+// 4-16 bytes (they widen in registers).
 #ifndef TORCHEXT_MATMUL_V5_CONFIG
 #define TORCHEXT_MATMUL_V5_CONFIG 0
 #endif
@@ -464,6 +474,8 @@ using V5Float = TileConfig<128, 128, 16, 32, 64, 4, 8, 4, 4, 2, 2>;
 using V5Float = TileConfig<128, 128, 8, 64, 32, 8, 4, 4, 4, 2, 2>;
 #elif TORCHEXT_MATMUL_V5_CONFIG == 3
 using V5Float = TileConfig<128, 64, 8, 32, 64, 4, 8, 4, 4, 2, 4>;
+#elif TORCHEXT_MATMUL_V5_CONFIG == 4
+using V5Float = TileConfig<256, 128, 8, 64, 64, 4, 8, 4, 4, 2, 1>;
 #else
 using V5Float = TileConfig<128, 128, 8, 32, 64, 4, 8, 4, 4, 2, 2>;
 #endif
@@ -478,31 +490,44 @@ using V4Config = std::conditional_t<std::is_same_v<acc_t<T>, double>, V4Double, 
 template <typename T>
 using V5Config = std::conditional_t<std::is_same_v<acc_t<T>, double>, V5Double, V5Float>;
 
-// One BK step of the block tile for this thread: ITM + ITN VW-wide smem reads, TM x TN FMAs per kk.
+// One kk row of this thread's operands: ITM + ITN VW-wide smem reads into a (TM values) and b (TN values).
+template <class C, typename A>
+__device__ __forceinline__ void load_fragments(const A* __restrict__ As, const A* __restrict__ Bs, int kk, int a_off,
+                                               int b_off, A (&a)[C::TM], A (&b)[C::TN]) {
+  using V = Vec<A, C::VW>;
+#pragma unroll
+  for (int i = 0; i < C::ITM; ++i) {
+    const V v = *reinterpret_cast<const V*>(As + kk * C::LDA + a_off + i * C::TGM * C::VW);
+#pragma unroll
+    for (int e = 0; e < C::VW; ++e) a[i * C::VW + e] = v.v[e];
+  }
+#pragma unroll
+  for (int j = 0; j < C::ITN; ++j) {
+    const V v = *reinterpret_cast<const V*>(Bs + kk * C::LDB + b_off + j * C::TGN * C::VW);
+#pragma unroll
+    for (int e = 0; e < C::VW; ++e) b[j * C::VW + e] = v.v[e];
+  }
+}
+
+// The outer product of one kk row: TM x TN FMAs.
+template <class C, typename A>
+__device__ __forceinline__ void outer_product(const A (&a)[C::TM], const A (&b)[C::TN], A (&acc)[C::TM][C::TN]) {
+#pragma unroll
+  for (int i = 0; i < C::TM; ++i) {
+#pragma unroll
+    for (int j = 0; j < C::TN; ++j) acc[i][j] = mac(a[i], b[j], acc[i][j]);
+  }
+}
+
+// One BK step of the block tile for this thread: per kk, the fragments then their outer product.
 template <class C, typename A>
 __device__ __forceinline__ void compute_tile(const A* __restrict__ As, const A* __restrict__ Bs, A (&acc)[C::TM][C::TN],
                                              int a_off, int b_off) {
-  using V = Vec<A, C::VW>;
 #pragma unroll
   for (int kk = 0; kk < C::BK; ++kk) {
     A a[C::TM], b[C::TN];
-#pragma unroll
-    for (int i = 0; i < C::ITM; ++i) {
-      const V v = *reinterpret_cast<const V*>(As + kk * C::LDA + a_off + i * C::TGM * C::VW);
-#pragma unroll
-      for (int e = 0; e < C::VW; ++e) a[i * C::VW + e] = v.v[e];
-    }
-#pragma unroll
-    for (int j = 0; j < C::ITN; ++j) {
-      const V v = *reinterpret_cast<const V*>(Bs + kk * C::LDB + b_off + j * C::TGN * C::VW);
-#pragma unroll
-      for (int e = 0; e < C::VW; ++e) b[j * C::VW + e] = v.v[e];
-    }
-#pragma unroll
-    for (int i = 0; i < C::TM; ++i) {
-#pragma unroll
-      for (int j = 0; j < C::TN; ++j) acc[i][j] = mac(a[i], b[j], acc[i][j]);
-    }
+    load_fragments<C>(As, Bs, kk, a_off, b_off, a, b);
+    outer_product<C>(a, b, acc);
   }
 }
 
@@ -563,7 +588,7 @@ __device__ __forceinline__ void store_epilogue_n(const MatmulArgs<T>& p, int64_t
 // block stores the stage row by row, consecutive threads on consecutive VW-wide vectors, so each warp writes one
 // contiguous run of a row of C (512 bytes for float); the activation code sits in one loop instead of being
 // unrolled over all TM x TN accumulators.
-template <typename T, class C, Load LA, Load LB>
+template <typename T, class C, Load LA, Load LB, bool PIPELINE>
 __device__ __forceinline__ void tiled_gemm(const MatmulArgs<T>& p, const TileGrid& g) {
   using A = acc_t<T>;
   constexpr int A_TILE = C::BK * C::LDA, B_TILE = C::BK * C::LDB;
@@ -615,7 +640,39 @@ __device__ __forceinline__ void tiled_gemm(const MatmulArgs<T>& p, const TileGri
     lb.wait();
   };
 
-  if constexpr (C::STAGES == 2) {
+  if constexpr (C::STAGES == 2 && PIPELINE) {
+    // v5: the same two buffers, and the fragments double-buffered in registers. While the FMAs of row kk run, the
+    // smem reads of row kk + 1 are in flight, so no warp waits on shared-memory latency at the start of a row. The
+    // barrier moves into the last row of the tile: the next tile's stores, the barrier, then the reads of the next
+    // tile's first row, all before the last row's FMAs, which cover that latency too. Buffer cur ^ 1 was last read
+    // in tile kt - 1 (rows up to BK - 1, read while row BK - 2 computed), before that tile's barrier.
+    static_assert(C::BK % 2 == 0, "fragment buffers alternate within a tile");
+    if (ktiles > 0) {
+      load(0, 0);
+      store(0);
+    }
+    wait();
+    __syncthreads();
+    A fa[2][C::TM], fb[2][C::TN];
+    if (ktiles > 0) load_fragments<C>(As(0), Bs(0), 0, a_off, b_off, fa[0], fb[0]);
+    for (int64_t kt = 0; kt < ktiles; ++kt) {
+      const int cur = static_cast<int>(kt & 1);
+      const bool more = kt + 1 < ktiles;
+      if (more) load(kt + 1, cur ^ 1);
+#pragma unroll
+      for (int kk = 0; kk < C::BK; ++kk) {
+        if (kk == C::BK - 1) {
+          if (more) store(cur ^ 1);
+          wait();
+          __syncthreads();
+          if (more) load_fragments<C>(As(cur ^ 1), Bs(cur ^ 1), 0, a_off, b_off, fa[0], fb[0]);
+        } else {
+          load_fragments<C>(As(cur), Bs(cur), kk + 1, a_off, b_off, fa[(kk + 1) & 1], fb[(kk + 1) & 1]);
+        }
+        outer_product<C>(fa[kk & 1], fb[kk & 1], acc);
+      }
+    }
+  } else if constexpr (C::STAGES == 2) {
     // Tile kt + 1 is fetched before tile kt is computed (into registers, or by cp.async straight into the other
     // buffer) and stored into the other buffer after: that buffer was last read in step kt - 1, which ended with the
     // barrier.
@@ -681,19 +738,19 @@ __device__ __forceinline__ void tiled_gemm(const MatmulArgs<T>& p, const TileGri
 template <typename T, class C, Load LA, Load LB>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     matmul_v3_register_blocked_kernel(const __grid_constant__ MatmulArgs<T> p, const __grid_constant__ TileGrid g) {
-  tiled_gemm<T, C, LA, LB>(p, g);
+  tiled_gemm<T, C, LA, LB, false>(p, g);
 }
 
 template <typename T, class C, Load LA, Load LB>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     matmul_v4_vectorized_kernel(const __grid_constant__ MatmulArgs<T> p, const __grid_constant__ TileGrid g) {
-  tiled_gemm<T, C, LA, LB>(p, g);
+  tiled_gemm<T, C, LA, LB, false>(p, g);
 }
 
 template <typename T, class C, Load LA, Load LB>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     matmul_v5_warp_tiled_kernel(const __grid_constant__ MatmulArgs<T> p, const __grid_constant__ TileGrid g) {
-  tiled_gemm<T, C, LA, LB>(p, g);
+  tiled_gemm<T, C, LA, LB, true>(p, g);
 }
 
 // ------------------------------------------------------------------------------------------------------------------
