@@ -341,10 +341,10 @@ def test_gpu_time_share_adapter(monkeypatch):
     calls = []
     fake = types.ModuleType("torchext.profiling")
 
-    def gpu_time_share(step, steps, device=None):
+    def gpu_time_share(step, steps, device=None, top=10):
         for _ in range(steps):
             step()
-        calls.append((steps, device))
+        calls.append((steps, device, top))
         return {"share": 0.42, "total_us": 1500.0, "steps": steps, "reason": None}
 
     fake.gpu_time_share = gpu_time_share
@@ -352,14 +352,15 @@ def test_gpu_time_share_adapter(monkeypatch):
     monkeypatch.setattr(torchext, "profiling", fake, raising=False)
     counter = []
     result = compare._gpu_time_share(lambda: counter.append(1), 3, torch.device("cpu"))
-    assert result["share"] == 0.42 and calls == [(3, torch.device("cpu"))] and len(counter) == 3
+    assert result["share"] == 0.42 and len(counter) == 3
+    assert calls == [(3, torch.device("cpu"), 60)], "both models' kernel tables are kept 60 long, to compare them"
     assert (
         compare._share_text(result) == "42.0% of the torchext model's GPU time (1.50 ms over 3 profiled training steps)"
     )
     assert compare._share_text({"share": None, "reason": "no CUPTI"}) == "not measured (no CUPTI)"
-    fake.gpu_time_share = lambda step, steps, device: 0.25
+    fake.gpu_time_share = lambda step, steps, device, top: 0.25
     assert compare._gpu_time_share(lambda: None, 1) == {"share": 0.25}
-    fake.gpu_time_share = lambda step, steps, device: (_ for _ in ()).throw(RuntimeError("no CUPTI"))
+    fake.gpu_time_share = lambda step, steps, device, top: (_ for _ in ()).throw(RuntimeError("no CUPTI"))
     with pytest.warns(UserWarning, match="no CUPTI"):
         assert compare._gpu_time_share(lambda: None, 1) == {"error": "RuntimeError: no CUPTI"}
 
