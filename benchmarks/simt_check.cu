@@ -1,6 +1,5 @@
 // Standalone timing of the CUDA-core ladder's float32 versions against cuBLAS SGEMM (tf32 off), without torch:
 // used to pick the v5 tile shape (cuda_ops/matmul_simt.cu, TORCHEXT_MATMUL_V5_CONFIG) in one GPU call.
-// Status: compiles; not yet run on a GPU (written when the session's device time had run out).
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I cuda_ops \
 //        -DTORCHEXT_MATMUL_V5_CONFIG=0 benchmarks/simt_check.cu cuda_ops/matmul_simt.cu cuda_ops/common.cu -lcublas
 #include <cublas_v2.h>
@@ -12,6 +11,10 @@
 #include <vector>
 
 #include "matmul.cuh"
+
+#ifndef TORCHEXT_MATMUL_V5_CONFIG
+#define TORCHEXT_MATMUL_V5_CONFIG 0  // as in cuda_ops/matmul_simt.cu
+#endif
 
 using namespace torchext::cuda_ops;
 

@@ -115,7 +115,13 @@ MatmulKernel run_plan(std::string_view op, const MatmulPlan& plan, const at::Ten
       chosen = cuda_ops::matmul_default_kernel(args);
     }
     if (l == 0) first = chosen;
-    if (launch) C10_CUDA_CHECK(cuda_ops::matmul(chosen, args, stream));
+    if (launch) {
+      // Split-K's partial sums (cuda_ops/matmul.cuh), from the caching allocator: freed here, reused by the next call.
+      const size_t ws_bytes = cuda_ops::matmul_workspace_bytes(chosen, args);
+      at::Tensor workspace;
+      if (ws_bytes > 0) workspace = at::empty({static_cast<int64_t>(ws_bytes)}, a.options().dtype(at::kByte));
+      C10_CUDA_CHECK(cuda_ops::matmul(chosen, args, stream, ws_bytes > 0 ? workspace.mutable_data_ptr() : nullptr));
+    }
   }
   return first;
 }

@@ -50,7 +50,18 @@ bool matmul_supported(MatmulKernel kernel, const MatmulArgs<T>& args, const char
 }
 
 template <typename T>
-cudaError_t matmul(MatmulKernel kernel, const MatmulArgs<T>& args, cudaStream_t stream) {
+size_t matmul_workspace_bytes(MatmulKernel kernel, const MatmulArgs<T>& args) {
+  switch (kernel) {
+    case MatmulKernel::mma_sync:
+    case MatmulKernel::wgmma:
+      return 0;
+    default:
+      return matmul_simt_workspace_bytes(kernel, args);
+  }
+}
+
+template <typename T>
+cudaError_t matmul(MatmulKernel kernel, const MatmulArgs<T>& args, cudaStream_t stream, void* workspace) {
   if (!matmul_supported(kernel, args)) return cudaErrorNotSupported;
   switch (kernel) {
     case MatmulKernel::mma_sync:
@@ -58,28 +69,34 @@ cudaError_t matmul(MatmulKernel kernel, const MatmulArgs<T>& args, cudaStream_t 
     case MatmulKernel::wgmma:
       return matmul_wgmma(args, stream);
     default:
-      return matmul_simt(kernel, args, stream);
+      return matmul_simt(kernel, args, stream, workspace);
   }
 }
 
 template <typename T>
 MatmulKernel matmul_default_kernel(const MatmulArgs<T>& args) {
+  // A thin product (an output with at most 32 rows or columns, or k <= 32) of few flops, such as a 10-class
+  // classifier's forward and weight gradient: the tensor-core kernels' 128-wide tiles compute mostly padding, in a
+  // handful of blocks that each walk all of k (11-27 us on an H200 for the 512 x 512 -> 10 layer's three GEMMs,
+  // against cuBLAS's 3-6 us). smem_tiled's 32 x 32 tiles with split-K spread the same work over the GPU.
+  const bool thin = args.m <= 32 || args.n <= 32 || args.k <= 32;
+  const bool small = args.batch * args.m * args.n * args.k <= (int64_t(1) << 27);
+  if (thin && small && matmul_supported(MatmulKernel::smem_tiled, args)) return MatmulKernel::smem_tiled;
   // Tensor cores first (for float only when tf32 is allowed; the kernels refuse float otherwise), then the best
   // CUDA-core version that takes these strides, down to naive, which takes anything.
   for (MatmulKernel k : {MatmulKernel::wgmma, MatmulKernel::mma_sync}) {
     if (matmul_supported(k, args)) return k;
   }
-  // Few output tiles on CUDA cores: with fewer 128 x 128 tiles than a quarter of the multiprocessors, warp_tiled
-  // leaves most of the GPU idle (and, for a thin output such as a 10-class classifier, computes mostly padding);
-  // smem_tiled's 32 x 32 tiles spread the work 16 times wider. The quarter is where the two cross on an H200
-  // (warp_tiled ~38, smem_tiled ~8.6 TFLOP/s on a full GPU at 4096). Measured before this rule: Linear
-  // 512 x 512 -> 10 in float32 took 71 us forward on warp_tiled; 4096 x 784 -> 256 fwd+bwd ran 0.30x PyTorch.
-  const int64_t big_tiles = ((args.m + 127) / 128) * ((args.n + 127) / 128) * args.batch;
-  if (4 * big_tiles < sm_count() && matmul_supported(MatmulKernel::smem_tiled, args)) {
-    return MatmulKernel::smem_tiled;
+  // On CUDA cores: warp_tiled where its grid, split along k where it has few tiles (matmul_simt.cu), keeps at
+  // least a quarter of the multiprocessors busy; otherwise (a thin output, or few tiles and a short k) smem_tiled,
+  // whose 32 x 32 tiles spread the work 16 times wider. Measured before these rules: Linear 512 x 512 -> 10 in
+  // float32 took 71 us forward on warp_tiled; 4096 x 784 -> 256 fwd+bwd ran 0.30x PyTorch.
+  if (!thin && matmul_supported(MatmulKernel::warp_tiled, args) &&
+      4 * matmul_simt_blocks(MatmulKernel::warp_tiled, args) >= sm_count()) {
+    return MatmulKernel::warp_tiled;
   }
-  for (MatmulKernel k :
-       {MatmulKernel::warp_tiled, MatmulKernel::vectorized, MatmulKernel::register_blocked, MatmulKernel::smem_tiled}) {
+  for (MatmulKernel k : {MatmulKernel::smem_tiled, MatmulKernel::warp_tiled, MatmulKernel::vectorized,
+                         MatmulKernel::register_blocked}) {
     if (matmul_supported(k, args)) return k;
   }
   return MatmulKernel::naive;
@@ -132,7 +149,8 @@ cudaError_t transpose_copy(const T* src, int64_t rows, int64_t cols, int64_t src
 
 #define TORCHEXT_INSTANTIATE_MATMUL(T)                                                 \
   template bool matmul_supported<T>(MatmulKernel, const MatmulArgs<T>&, const char**); \
-  template cudaError_t matmul<T>(MatmulKernel, const MatmulArgs<T>&, cudaStream_t);    \
+  template size_t matmul_workspace_bytes<T>(MatmulKernel, const MatmulArgs<T>&);        \
+  template cudaError_t matmul<T>(MatmulKernel, const MatmulArgs<T>&, cudaStream_t, void*); \
   template MatmulKernel matmul_default_kernel<T>(const MatmulArgs<T>&);                \
   template cudaError_t transpose_copy<T>(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, T*, cudaStream_t);
 TORCHEXT_INSTANTIATE_MATMUL(float)

@@ -46,10 +46,17 @@ const char* matmul_kernel_name(MatmulKernel kernel);
 template <typename T>
 bool matmul_supported(MatmulKernel kernel, const MatmulArgs<T>& args, const char** why = nullptr);
 
-// Runs one version on `stream`. Returns cudaErrorNotSupported when matmul_supported is false, else the launch's
-// error. m, n or k of 0 is valid (k == 0 gives C = act(bias or 0)).
+// Device memory that matmul(kernel, args, ...) can use, in bytes (0: none). The CUDA-core versions v2-v5 use it
+// for split-K (matmul_simt.cu): where their grid would have fewer tiles than the GPU has multiprocessors, k is cut
+// into chunks whose partial sums (in the accumulation type) are added up by a second kernel.
 template <typename T>
-cudaError_t matmul(MatmulKernel kernel, const MatmulArgs<T>& args, cudaStream_t stream);
+size_t matmul_workspace_bytes(MatmulKernel kernel, const MatmulArgs<T>& args);
+
+// Runs one version on `stream`. Returns cudaErrorNotSupported when matmul_supported is false, else the launch's
+// error. m, n or k of 0 is valid (k == 0 gives C = act(bias or 0)). `workspace` holds
+// matmul_workspace_bytes(kernel, args) bytes, or is nullptr (then nothing is split; the result is the same).
+template <typename T>
+cudaError_t matmul(MatmulKernel kernel, const MatmulArgs<T>& args, cudaStream_t stream, void* workspace = nullptr);
 
 // The fastest version that supports `args` on the current device.
 template <typename T>
@@ -58,9 +65,15 @@ MatmulKernel matmul_default_kernel(const MatmulArgs<T>& args);
 // Per-family launchers behind matmul(). Each returns cudaErrorNotSupported for a version or argument set it
 // does not handle.
 template <typename T>
-cudaError_t matmul_simt(MatmulKernel kernel, const MatmulArgs<T>& args, cudaStream_t stream);
+cudaError_t matmul_simt(MatmulKernel kernel, const MatmulArgs<T>& args, cudaStream_t stream,
+                        void* workspace = nullptr);
 template <typename T>
 bool matmul_simt_supported(MatmulKernel kernel, const MatmulArgs<T>& args, const char** why);
+template <typename T>
+size_t matmul_simt_workspace_bytes(MatmulKernel kernel, const MatmulArgs<T>& args);
+// The blocks a CUDA-core version's launch runs given a workspace: output tiles times k splits.
+template <typename T>
+int64_t matmul_simt_blocks(MatmulKernel kernel, const MatmulArgs<T>& args);
 template <typename T>
 cudaError_t matmul_mma_sync(const MatmulArgs<T>& args, cudaStream_t stream);
 template <typename T>

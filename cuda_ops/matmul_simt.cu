@@ -43,7 +43,9 @@
 //
 // Scheduling, shared by all versions: one block per output tile, numbered over batch x tile rows x tile columns
 // (grid.x, then grid.y only past 2^31 - 1 tiles, so the 65535 limit on grid.y / grid.z never binds) and walked in
-// bands of 8 tile rows so that blocks running together share rows of A and columns of B in L2.
+// bands of 8 tile rows so that blocks running together share rows of A and columns of B in L2. Where a grid of v2-v5
+// would have fewer tiles than the GPU has multiprocessors and k is long, each tile is also split along k (split-K,
+// see split_k below), given a workspace for the partial sums (matmul_workspace_bytes in matmul.cuh).
 #include <climits>
 #include <type_traits>
 
@@ -63,8 +65,13 @@ __device__ __forceinline__ double mac(double a, double b, double c) { return fma
 constexpr int64_t kBandRows = 8;  // tile rows walked together (L2 reuse of B's columns)
 
 struct TileGrid {
-  int64_t tiles_m = 0, tiles_n = 0, total = 0;  // total = batch * tiles_m * tiles_n
+  int64_t tiles_m = 0, tiles_n = 0, total = 0;  // total = batch * splits * tiles_m * tiles_n
   bool c_vec = false;                           // v4/v5: C and aux take VW-wide vector stores
+  // Split-K (see split_k below): split s of a tile sums k in [s * k_chunk, min(k, (s + 1) * k_chunk)) and writes its
+  // sums, in the accumulation type, to partial[((b * splits + s) * m + i) * n + j]; a second kernel adds the splits
+  // up and applies the epilogue. splits == 1: no split, the tile stores C itself.
+  int64_t splits = 1, k_chunk = 0;
+  void* partial = nullptr;
 };
 
 TileGrid make_grid(int64_t batch, int64_t m, int64_t n, int64_t bm, int64_t bn) {
@@ -72,6 +79,21 @@ TileGrid make_grid(int64_t batch, int64_t m, int64_t n, int64_t bm, int64_t bn) 
   g.tiles_m = (m + bm - 1) / bm;
   g.tiles_n = (n + bn - 1) / bn;
   g.total = batch * g.tiles_m * g.tiles_n;
+  return g;
+}
+
+struct SplitK {
+  int64_t splits = 1, k_chunk = 0;
+};
+
+// g with each tile cut into sk.splits k chunks, the partial sums going to `partial`.
+TileGrid with_split(TileGrid g, const SplitK& sk, void* partial) {
+  if (sk.splits > 1) {
+    g.splits = sk.splits;
+    g.k_chunk = sk.k_chunk;
+    g.partial = partial;
+    g.total *= sk.splits;
+  }
   return g;
 }
 
@@ -89,20 +111,39 @@ bool tile_launch_grid(const TileGrid& g, dim3& grid) {
   return true;
 }
 
-// This block's tile: batch b, tile row mt, tile column nt; false past the last tile. Within a batch, bands of
-// kBandRows tile rows are walked column by column.
-__device__ __forceinline__ bool tile_coords(const TileGrid& g, int64_t& b, int64_t& mt, int64_t& nt) {
+// This block's tile: batch b, k split s, tile row mt, tile column nt; false past the last tile. Within a batch and
+// split, bands of kBandRows tile rows are walked column by column.
+__device__ __forceinline__ bool tile_coords(const TileGrid& g, int64_t& b, int64_t& s, int64_t& mt, int64_t& nt) {
   const int64_t t = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
   if (t >= g.total) return false;
   const int64_t per_batch = g.tiles_m * g.tiles_n;
-  b = t / per_batch;
-  const int64_t r = t - b * per_batch;
+  const int64_t bs = t / per_batch;  // batch * splits + split
+  b = bs / g.splits;
+  s = bs - b * g.splits;
+  const int64_t r = t - bs * per_batch;
   const int64_t first = r / (kBandRows * g.tiles_n) * kBandRows;
   const int64_t rows = g.tiles_m - first < kBandRows ? g.tiles_m - first : kBandRows;
   const int64_t in_band = r - first * g.tiles_n;
   mt = first + in_band % rows;
   nt = in_band / rows;
   return true;
+}
+
+// The k range [k0, k1) that split s sums.
+__device__ __forceinline__ void split_range(const TileGrid& g, int64_t k, int64_t s, int64_t& k0, int64_t& k1) {
+  if (g.splits == 1) {
+    k0 = 0, k1 = k;
+    return;
+  }
+  k0 = s * g.k_chunk;
+  k1 = k0 + g.k_chunk < k ? k0 + g.k_chunk : k;
+}
+
+// Where split s of batch b writes its sum for element (i, j).
+template <typename A>
+__device__ __forceinline__ A* partial_at(const TileGrid& g, int64_t m, int64_t n, int64_t b, int64_t s, int64_t i,
+                                         int64_t j) {
+  return static_cast<A*>(g.partial) + ((b * g.splits + s) * m + i) * n + j;
 }
 
 // ------------------------------------------------------------------------------------------------------------------
@@ -114,8 +155,8 @@ template <typename T>
 __global__ void __launch_bounds__(kNaiveRows* kNaiveCols)
     matmul_v1_naive_kernel(const __grid_constant__ MatmulArgs<T> p, const __grid_constant__ TileGrid g) {
   using A = acc_t<T>;
-  int64_t b, mt, nt;
-  if (!tile_coords(g, b, mt, nt)) return;
+  int64_t b, s, mt, nt;  // v1 is never split (s == 0)
+  if (!tile_coords(g, b, s, mt, nt)) return;
   const int64_t i = mt * kNaiveRows + threadIdx.y, j = nt * kNaiveCols + threadIdx.x;
   if (i >= p.m || j >= p.n) return;
   const T* a = p.a + b * p.a_bs + i * p.a_rs;
@@ -138,22 +179,29 @@ __global__ void __launch_bounds__(kTile2* kTile2)
   // As[ty][*] (one address per warp: a broadcast) and Bs[*][tx] (consecutive words): no bank conflicts.
   __shared__ A As[kTile2][kTile2];
   __shared__ A Bs[kTile2][kTile2];
-  int64_t b, mt, nt;
-  if (!tile_coords(g, b, mt, nt)) return;
+  int64_t b, s, mt, nt, kb, ke;
+  if (!tile_coords(g, b, s, mt, nt)) return;
+  split_range(g, p.k, s, kb, ke);
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t i = mt * kTile2 + ty, j = nt * kTile2 + tx;
   const T* a = p.a + b * p.a_bs + i * p.a_rs;   // row i of A, read only when i < m
   const T* bc = p.b + b * p.b_bs + j * p.b_cs;  // column j of B, read only when j < n
   A acc = A(0);
-  for (int64_t k0 = 0; k0 < p.k; k0 += kTile2) {
-    As[ty][tx] = (i < p.m && k0 + tx < p.k) ? to_acc(a[(k0 + tx) * p.a_cs]) : A(0);
-    Bs[ty][tx] = (k0 + ty < p.k && j < p.n) ? to_acc(bc[(k0 + ty) * p.b_rs]) : A(0);
+  for (int64_t k0 = kb; k0 < ke; k0 += kTile2) {
+    As[ty][tx] = (i < p.m && k0 + tx < ke) ? to_acc(a[(k0 + tx) * p.a_cs]) : A(0);
+    Bs[ty][tx] = (k0 + ty < ke && j < p.n) ? to_acc(bc[(k0 + ty) * p.b_rs]) : A(0);
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < kTile2; ++kk) acc = mac(As[ty][kk], Bs[kk][tx], acc);
     __syncthreads();
   }
-  if (i < p.m && j < p.n) store_epilogue(p, b, i, j, acc);
+  if (i < p.m && j < p.n) {
+    if (g.splits > 1) {
+      *partial_at<A>(g, p.m, p.n, b, s, i, j) = acc;
+    } else {
+      store_epilogue(p, b, i, j, acc);
+    }
+  }
 }
 
 // ------------------------------------------------------------------------------------------------------------------
@@ -597,21 +645,27 @@ __device__ __forceinline__ void tiled_gemm(const MatmulArgs<T>& p, const TileGri
   constexpr int MAIN = C::STAGES * (A_TILE + B_TILE), SMEM = MAIN > R * LDS ? MAIN : R * LDS;
   __shared__ __align__(16) A smem[SMEM];
 
-  int64_t b, mt, nt;
-  if (!tile_coords(g, b, mt, nt)) return;
+  int64_t b, s, mt, nt, kb, ke;
+  if (!tile_coords(g, b, s, mt, nt)) return;
+  split_range(g, p.k, s, kb, ke);
+  // The k loop covers [kb, ke): A and B from this split's first k on (k_chunk is a multiple of 32, so the vector
+  // loaders' alignment holds), klen of k.
+  const int64_t klen = ke - kb;
   const int64_t m0 = mt * C::BM, n0 = nt * C::BN;
   const int tid = threadIdx.x;
   const int group = tid / (C::TGM * C::TGN), lane = tid % (C::TGM * C::TGN);
   const int a_off = group / C::GROUPS_N * C::GM + lane / C::TGN * C::VW;  // first row of this thread's patches
   const int b_off = group % C::GROUPS_N * C::GN + lane % C::TGN * C::VW;  // first column
-  const int64_t ktiles = (p.k + C::BK - 1) / C::BK;
+  const int64_t ktiles = (klen + C::BK - 1) / C::BK;
   auto As = [&](int stage) { return smem + stage * A_TILE; };
   auto Bs = [&](int stage) { return smem + C::STAGES * A_TILE + stage * B_TILE; };
 
   TileLoader<LA, T, C::BM, C::BK, C::THREADS, C::LDA> la;
   TileLoader<LB, T, C::BN, C::BK, C::THREADS, C::LDB> lb;
-  la.init(p.a + b * p.a_bs + m0 * p.a_rs, p.a_rs, p.a_cs, static_cast<int>(p.m - m0 < C::BM ? p.m - m0 : C::BM));
-  lb.init(p.b + b * p.b_bs + n0 * p.b_cs, p.b_cs, p.b_rs, static_cast<int>(p.n - n0 < C::BN ? p.n - n0 : C::BN));
+  la.init(p.a + b * p.a_bs + m0 * p.a_rs + kb * p.a_cs, p.a_rs, p.a_cs,
+          static_cast<int>(p.m - m0 < C::BM ? p.m - m0 : C::BM));
+  lb.init(p.b + b * p.b_bs + n0 * p.b_cs + kb * p.b_rs, p.b_cs, p.b_rs,
+          static_cast<int>(p.n - n0 < C::BN ? p.n - n0 : C::BN));
 
   A acc[C::TM][C::TN];
 #pragma unroll
@@ -621,7 +675,7 @@ __device__ __forceinline__ void tiled_gemm(const MatmulArgs<T>& p, const TileGri
   }
 
   // Tiles before the last are full along k, and so is the last when BK divides k.
-  const int last_left = static_cast<int>(p.k - (ktiles - 1) * C::BK);
+  const int last_left = static_cast<int>(klen - (ktiles - 1) * C::BK);
   auto load = [&](int64_t kt, int stage) {
     if (kt + 1 < ktiles || last_left == C::BK) {
       la.template load<true>(C::BK, As(stage));
@@ -727,8 +781,16 @@ __device__ __forceinline__ void tiled_gemm(const MatmulArgs<T>& p, const TileGri
         const int64_t row = m0 + sr / C::TGM * C::GM + i * C::TGM * C::VW + sr % C::TGM * C::VW + ii;
         const int64_t col = n0 + cv * C::VW;
         if (row < p.m && col < p.n) {
-          store_epilogue_n<T, A, C::VW>(p, b, row, col, *reinterpret_cast<const V*>(stage + sr * LDS + cv * C::VW),
-                                        g.c_vec);
+          const V v = *reinterpret_cast<const V*>(stage + sr * LDS + cv * C::VW);
+          if (g.splits > 1) {
+            A* dst = partial_at<A>(g, p.m, p.n, b, s, row, col);
+#pragma unroll
+            for (int e = 0; e < C::VW; ++e) {
+              if (col + e < p.n) dst[e] = v.v[e];
+            }
+          } else {
+            store_epilogue_n<T, A, C::VW>(p, b, row, col, v, g.c_vec);
+          }
         }
       }
     }
@@ -812,8 +874,8 @@ void launch_tiled(const MatmulArgs<T>& p, const TileGrid& g, Load lb, cudaStream
 
 // v3 reads both operands with the scalar loaders; v4 and v5 pick a loader per operand.
 template <int VERSION, typename T, class C>
-void launch_tiled(const MatmulArgs<T>& p, cudaStream_t stream) {
-  TileGrid g = make_grid(p.batch, p.m, p.n, C::BM, C::BN);
+void launch_tiled(const MatmulArgs<T>& p, const SplitK& sk, void* partial, cudaStream_t stream) {
+  TileGrid g = with_split(make_grid(p.batch, p.m, p.n, C::BM, C::BN), sk, partial);
   Load la = pick_load(p.a, p.a_rs, p.a_cs, p.a_bs, p.m, p.k, p.batch);
   Load lb = pick_load(p.b, p.b_cs, p.b_rs, p.b_bs, p.n, p.k, p.batch);
   if constexpr (VERSION == 3) {
@@ -853,7 +915,62 @@ TileGrid version_grid(MatmulKernel kernel, const MatmulArgs<T>& p) {
   }
 }
 
+// Split-K. When a version's grid has fewer tiles than the GPU has multiprocessors (a thin output, such as a
+// classifier's 10 columns, or a weight gradient's few tiles with a long k), k is cut into `splits` chunks that run
+// as blocks of their own: about two blocks per multiprocessor, each chunk at least kSplitMinK deep and a multiple of
+// 32 (the vector loaders' alignment holds at every chunk's start), at most kSplitMaxSplits of them and
+// kSplitMaxWorkspace bytes of partial sums. split_k_reduce_kernel then adds the chunks up in a fixed order
+// (deterministic) and applies the epilogue. Sums of exact products stay exact, so integer inputs stay bit-exact.
+constexpr int64_t kSplitMinK = 64, kSplitMaxSplits = 32, kSplitAlign = 32;
+constexpr int64_t kSplitMaxWorkspace = int64_t(64) << 20;
+
+template <typename T>
+SplitK split_k(MatmulKernel kernel, const MatmulArgs<T>& p) {
+  SplitK r;
+  if (kernel == MatmulKernel::naive || p.m <= 0 || p.n <= 0 || p.batch <= 0) return r;
+  const int64_t tiles = version_grid(kernel, p).total, sms = sm_count();
+  if (tiles <= 0 || tiles >= sms || p.k < 2 * kSplitMinK) return r;
+  int64_t splits = (2 * sms + tiles - 1) / tiles;
+  splits = splits < p.k / kSplitMinK ? splits : p.k / kSplitMinK;
+  splits = splits < kSplitMaxSplits ? splits : kSplitMaxSplits;
+  const int64_t per_split = p.batch * p.m * p.n * static_cast<int64_t>(sizeof(acc_t<T>));
+  splits = splits < kSplitMaxWorkspace / per_split ? splits : kSplitMaxWorkspace / per_split;
+  if (splits < 2) return r;
+  const int64_t chunk = ((p.k + splits - 1) / splits + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
+  r.splits = (p.k + chunk - 1) / chunk;
+  r.k_chunk = chunk;
+  return r.splits < 2 ? SplitK{} : r;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+    split_k_reduce_kernel(const __grid_constant__ MatmulArgs<T> p, const acc_t<T>* __restrict__ partial,
+                          int64_t splits) {
+  using A = acc_t<T>;
+  const int64_t mn = p.m * p.n, total = p.batch * mn;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t b = idx / mn, r = idx - b * mn, i = r / p.n, j = r - i * p.n;
+    const A* src = partial + b * splits * mn + r;
+    A z = A(0);
+    for (int64_t s = 0; s < splits; ++s) z += src[s * mn];
+    store_epilogue(p, b, i, j, z);
+  }
+}
+
 }  // namespace
+
+template <typename T>
+size_t matmul_simt_workspace_bytes(MatmulKernel kernel, const MatmulArgs<T>& args) {
+  if (!matmul_simt_supported(kernel, args, nullptr)) return 0;
+  const SplitK sk = split_k(kernel, args);
+  return sk.splits > 1 ? static_cast<size_t>(sk.splits * args.batch * args.m * args.n) * sizeof(acc_t<T>) : 0;
+}
+
+template <typename T>
+int64_t matmul_simt_blocks(MatmulKernel kernel, const MatmulArgs<T>& args) {
+  return version_grid(kernel, args).total * split_k(kernel, args).splits;
+}
 
 template <typename T>
 bool matmul_simt_supported(MatmulKernel kernel, const MatmulArgs<T>& args, const char** why) {
@@ -881,9 +998,11 @@ bool matmul_simt_supported(MatmulKernel kernel, const MatmulArgs<T>& args, const
 }
 
 template <typename T>
-cudaError_t matmul_simt(MatmulKernel kernel, const MatmulArgs<T>& args, cudaStream_t stream) {
+cudaError_t matmul_simt(MatmulKernel kernel, const MatmulArgs<T>& args, cudaStream_t stream, void* workspace) {
   if (!matmul_simt_supported(kernel, args, nullptr)) return cudaErrorNotSupported;
   if (args.m == 0 || args.n == 0 || args.batch == 0) return cudaSuccess;
+  // Without a workspace (the caller did not ask matmul_simt_workspace_bytes), no split.
+  const SplitK sk = workspace != nullptr ? split_k(kernel, args) : SplitK{};
   switch (kernel) {
     case MatmulKernel::naive: {
       const TileGrid g = version_grid(kernel, args);
@@ -893,28 +1012,36 @@ cudaError_t matmul_simt(MatmulKernel kernel, const MatmulArgs<T>& args, cudaStre
       break;
     }
     case MatmulKernel::smem_tiled: {
-      const TileGrid g = version_grid(kernel, args);
+      const TileGrid g = with_split(version_grid(kernel, args), sk, workspace);
       dim3 grid;
       tile_launch_grid(g, grid);
       matmul_v2_smem_tiled_kernel<T><<<grid, dim3(kTile2, kTile2), 0, stream>>>(args, g);
       break;
     }
     case MatmulKernel::register_blocked:
-      launch_tiled<3, T, V3Config<T>>(args, stream);
+      launch_tiled<3, T, V3Config<T>>(args, sk, workspace, stream);
       break;
     case MatmulKernel::vectorized:
-      launch_tiled<4, T, V4Config<T>>(args, stream);
+      launch_tiled<4, T, V4Config<T>>(args, sk, workspace, stream);
       break;
     default:
-      launch_tiled<5, T, V5Config<T>>(args, stream);
+      launch_tiled<5, T, V5Config<T>>(args, sk, workspace, stream);
       break;
+  }
+  if (sk.splits > 1) {
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    split_k_reduce_kernel<T><<<grid_for(args.batch * args.m * args.n, 256), 256, 0, stream>>>(
+        args, static_cast<const acc_t<T>*>(workspace), sk.splits);
   }
   return cudaGetLastError();
 }
 
-#define TORCHEXT_INSTANTIATE_MATMUL_SIMT(T)                                                 \
-  template bool matmul_simt_supported<T>(MatmulKernel, const MatmulArgs<T>&, const char**); \
-  template cudaError_t matmul_simt<T>(MatmulKernel, const MatmulArgs<T>&, cudaStream_t);
+#define TORCHEXT_INSTANTIATE_MATMUL_SIMT(T)                                                         \
+  template bool matmul_simt_supported<T>(MatmulKernel, const MatmulArgs<T>&, const char**);         \
+  template size_t matmul_simt_workspace_bytes<T>(MatmulKernel, const MatmulArgs<T>&);               \
+  template int64_t matmul_simt_blocks<T>(MatmulKernel, const MatmulArgs<T>&);                       \
+  template cudaError_t matmul_simt<T>(MatmulKernel, const MatmulArgs<T>&, cudaStream_t, void*);
 TORCHEXT_INSTANTIATE_MATMUL_SIMT(float)
 TORCHEXT_INSTANTIATE_MATMUL_SIMT(double)
 TORCHEXT_INSTANTIATE_MATMUL_SIMT(__half)

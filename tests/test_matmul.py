@@ -85,6 +85,41 @@ def assert_exact(c, a, b, what):
     assert mismatch == 0, f"[{what}] {mismatch} of {c.numel()} elements differ from the exact product"
 
 
+# Shapes whose grid has fewer tiles than any Hopper GPU has multiprocessors, with a long k: v2-v5 cut k into chunks
+# (split-K, cuda_ops/matmul_simt.cu) and add the chunks' partial sums up in a second kernel. k = 3000 leaves a short
+# last chunk; the batched case puts each batch's chunks side by side in the workspace.
+SPLIT_K_CASES = [((10, 4096, 10), 1), ((40, 3000, 100), 1), ((130, 1000, 7), 1), ((20, 777, 30), 3)]
+SPLIT_K_KERNELS = ("smem_tiled", "register_blocked", "vectorized", "warp_tiled")
+
+
+@gpu
+@pytest.mark.parametrize("kernel", SPLIT_K_KERNELS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=_name)
+@pytest.mark.parametrize("case", SPLIT_K_CASES, ids=str)
+def test_matmul_split_k_exact_and_deterministic(kernel, dtype, case):
+    (m, k, n), batch = case
+    a, b = integers((batch, m, k), dtype, "cuda"), integers((batch, k, n), dtype, "cuda")
+    poison_allocator("cuda", torch.empty(batch, m, n, dtype=dtype))
+    c = run(a, b, kernel)
+    assert_exact(c, a, b, f"{kernel} split-K {case}")
+    a, b = make_tensor((batch, m, k), dtype, "cuda"), make_tensor((batch, k, n), dtype, "cuda")
+    first, second = torchext.matmul(a, b, kernel), torchext.matmul(a, b, kernel)
+    assert torch.equal(first, second), "split-K sums its chunks in a fixed order: the same bits every call"
+    assert_accurate(first, torch.matmul(a, b), torch.matmul(a.double(), b.double()), f"{kernel} split-K {case}")
+
+
+@gpu
+def test_matmul_default_kernel_for_thin_and_few_tile_products():
+    """A thin product of few flops (a classifier) takes smem_tiled with split-K, in every dtype; a float32 product
+    of few 128 x 128 tiles and a long k takes warp_tiled, split along k."""
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x, w = torch.randn(512, 512, device="cuda", dtype=dtype), torch.randn(10, 512, device="cuda", dtype=dtype)
+        assert torchext.ops.matmul_kernel(x, w.t()) == "smem_tiled", dtype
+        assert torchext.ops.matmul_kernel(w, x) == "smem_tiled", dtype  # the weight gradient's (10, 512) output
+    a, b = torch.randn(256, 4096, device="cuda"), torch.randn(4096, 256, device="cuda")
+    assert torchext.ops.matmul_kernel(a, b) == "warp_tiled"
+
+
 @pytest.mark.parametrize("device,kernel,dtype", kernel_params())
 @pytest.mark.parametrize("shape", EXACT_SHAPES + [pytest.param(BIG_SHAPE, marks=[gpu, pytest.mark.slow])], ids=str)
 def test_matmul_exact(device, kernel, dtype, shape):
