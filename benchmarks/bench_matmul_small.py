@@ -8,11 +8,15 @@ choice and torch.matmul (cuBLAS). Each figure is the median over 7 replays of a 
     python benchmarks/bench_matmul_small.py > benchmarks/results/matmul_small_gpu.md
 """
 
-import datetime
+import os
+import sys
 
 import torch
 
 import torchext
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import environment  # noqa: E402
 
 LAYERS = [(512, 512, 10), (128, 2304, 512), (128, 512, 10), (4096, 784, 256), (512, 512, 512)]  # (M, K, N)
 KERNELS = ["smem_tiled", "warp_tiled", "mma_sync", "wgmma", None]  # None: the default choice
@@ -42,10 +46,10 @@ def graph_time_us(fn, reps=20, rounds=7):
 
 def main():
     torch.manual_seed(0)
+    env = environment("cuda")
     print(
-        f"# Small and thin GEMMs: GPU time per call (us), {torch.cuda.get_device_name()}\n\n"
-        f"torch {torch.__version__}, CUDA {torch.version.cuda}, torchext {torchext.__version__}, "
-        f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}. "
+        f"# Small and thin GEMMs: GPU time per call (us), {env['gpu']}\n\n"
+        f"torch {env['torch']}, CUDA {env['cuda']}, torchext {env['version']}, {env['date']}. "
         "Medians of 7 replays of a CUDA graph of 20 calls; n/a: the kernel does not take these inputs.\n"
     )
     names = [k or "default" for k in KERNELS]

@@ -65,7 +65,7 @@ int main() {
     const float t_k = time([&] { matmul_simt(k, p, 0); }), t_c = time(cublas);
     const float t_k2 = time([&] { matmul_simt(k, p, 0); }), t_c2 = time(cublas);
     std::printf("config %d %-16s %.3f ms vs cuBLAS %.3f ms: %.1f%% (rel diff %.1e)\n", TORCHEXT_MATMUL_V5_CONFIG,
-                k == MatmulKernel::register_blocked ? "register_blocked" : k == MatmulKernel::vectorized ? "vectorized" : "warp_tiled", (t_k + t_k2) / 2, (t_c + t_c2) / 2, 100.0 * (t_c + t_c2) / (t_k + t_k2),
+                matmul_kernel_name(k), (t_k + t_k2) / 2, (t_c + t_c2) / 2, 100.0 * (t_c + t_c2) / (t_k + t_k2),
                 std::sqrt(e2 / r2));
   }
   return 0;

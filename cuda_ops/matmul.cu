@@ -9,27 +9,6 @@
 
 namespace torchext::cuda_ops {
 
-const char* matmul_kernel_name(MatmulKernel kernel) {
-  switch (kernel) {
-    case MatmulKernel::naive:
-      return "naive";
-    case MatmulKernel::smem_tiled:
-      return "smem_tiled";
-    case MatmulKernel::register_blocked:
-      return "register_blocked";
-    case MatmulKernel::vectorized:
-      return "vectorized";
-    case MatmulKernel::warp_tiled:
-      return "warp_tiled";
-    case MatmulKernel::mma_sync:
-      return "mma_sync";
-    case MatmulKernel::wgmma:
-      return "wgmma";
-    default:
-      return "unknown";
-  }
-}
-
 template <typename T>
 bool matmul_supported(MatmulKernel kernel, const MatmulArgs<T>& args, const char** why) {
   switch (kernel) {

@@ -38,8 +38,28 @@ enum class MatmulKernel : int {
   count
 };
 
-// Name used by the op's `kernel=` argument and the benchmark ("naive", "smem_tiled", ...).
-const char* matmul_kernel_name(MatmulKernel kernel);
+// Name used by the op's `kernel=` argument and the benchmarks ("naive", "smem_tiled", ...). Inline, so that a
+// standalone check (benchmarks/simt_check.cu) that links one kernel family has it too.
+inline const char* matmul_kernel_name(MatmulKernel kernel) {
+  switch (kernel) {
+    case MatmulKernel::naive:
+      return "naive";
+    case MatmulKernel::smem_tiled:
+      return "smem_tiled";
+    case MatmulKernel::register_blocked:
+      return "register_blocked";
+    case MatmulKernel::vectorized:
+      return "vectorized";
+    case MatmulKernel::warp_tiled:
+      return "warp_tiled";
+    case MatmulKernel::mma_sync:
+      return "mma_sync";
+    case MatmulKernel::wgmma:
+      return "wgmma";
+    default:
+      return "unknown";
+  }
+}
 
 // Whether `kernel` can run `args` on the current device: dtype, architecture, tf32 permission, and the
 // alignment and stride rules of its loads. `why`, when given, receives a short reason on false.

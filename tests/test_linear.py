@@ -30,34 +30,9 @@ def reference(x, weight, bias, activation):
 SHAPES = [((7, 13), 5), ((2, 3, 13), 5), ((13,), 5), ((129, 65), 33), ((0, 13), 5), ((4, 0), 5)]
 
 
-@gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("shape,out_features", [((8, 4096), 40), ((4096, 256), 256), ((512, 512), 10)], ids=str)
-def test_linear_split_k_layers(dtype, shape, out_features):
-    """Layers whose GEMMs take split-K on CUDA cores (cuda_ops/matmul_simt.cu): a thin 4096 -> 40 layer, a float32
-    256 -> 256 layer with few output tiles and the weight gradient's k of 4096, the 10-class classifier. gelu saves
-    the pre-activation, so the reduction's epilogue writes both outputs."""
-    x = make_tensor(shape, dtype, "cuda", requires_grad=True)
-    w = make_tensor((out_features, shape[-1]), dtype, "cuda", low=-0.5, high=0.5, requires_grad=True)
-    b = make_tensor((out_features,), dtype, "cuda", requires_grad=True)
-    params = [x, w, b]
-    as64 = [p.detach().double().requires_grad_(True) for p in params]
-    poison_allocator("cuda", torch.empty((*shape[:-1], out_features), dtype=dtype))
-    y = torchext.functional.linear(x, w, b, "gelu")
-    y_torch, y_ref = reference(x, w, b, "gelu"), reference(*as64, "gelu")
-    assert_accurate(y, y_torch, y_ref, "split-K linear forward")
-    grad = make_tensor(y.shape, dtype, "cuda")
-    ours, theirs = torch.autograd.grad(y, params, grad), torch.autograd.grad(y_torch, params, grad)
-    refs = torch.autograd.grad(y_ref, as64, grad.double())
-    for name, g, g_torch, g_ref in zip(("input", "weight", "bias"), ours, theirs, refs):
-        assert_accurate(g, g_torch, g_ref, f"split-K linear {name}.grad")
-
-
-@pytest.mark.parametrize("device,dtype", device_dtype_params())
-@pytest.mark.parametrize("activation", ACTIVATIONS)
-@pytest.mark.parametrize("shape,out_features", SHAPES, ids=str)
-@pytest.mark.parametrize("has_bias", [True, False], ids=["bias", "no-bias"])
-def test_linear_matches_torch(device, dtype, activation, shape, out_features, has_bias):
+def check_linear_matches_torch(device, dtype, activation, shape, out_features, has_bias):
+    """torchext's linear against torch.nn.functional.linear + the activation, forward and the three gradients, each
+    within the error bound of a float64 reference."""
     x = make_tensor(shape, dtype, device, requires_grad=True)
     w = make_tensor((out_features, shape[-1]), dtype, device, low=-0.5, high=0.5, requires_grad=True)
     b = make_tensor((out_features,), dtype, device, requires_grad=True) if has_bias else None
@@ -79,6 +54,24 @@ def test_linear_matches_torch(device, dtype, activation, shape, out_features, ha
     for name, g, g_torch, g_ref in zip(("input", "weight", "bias"), ours, theirs, refs):
         assert g.shape == g_ref.shape and g.dtype == dtype
         assert_accurate(g, g_torch, g_ref, f"linear {activation} {name}.grad")
+
+
+@pytest.mark.parametrize("device,dtype", device_dtype_params())
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("shape,out_features", SHAPES, ids=str)
+@pytest.mark.parametrize("has_bias", [True, False], ids=["bias", "no-bias"])
+def test_linear_matches_torch(device, dtype, activation, shape, out_features, has_bias):
+    check_linear_matches_torch(device, dtype, activation, shape, out_features, has_bias)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape,out_features", [((8, 4096), 40), ((4096, 256), 256), ((512, 512), 10)], ids=str)
+def test_linear_split_k_layers(dtype, shape, out_features):
+    """Layers whose GEMMs take split-K on CUDA cores (cuda_ops/matmul_simt.cu): a thin 4096 -> 40 layer, a float32
+    256 -> 256 layer with few output tiles and the weight gradient's k of 4096, the 10-class classifier. gelu saves
+    the pre-activation, so the reduction's epilogue writes both outputs."""
+    check_linear_matches_torch("cuda", dtype, "gelu", shape, out_features, has_bias=True)
 
 
 @pytest.mark.parametrize("device", device_params())
