@@ -32,8 +32,9 @@ template <typename T>
 size_t matmul_workspace_bytes(MatmulKernel kernel, const MatmulArgs<T>& args) {
   switch (kernel) {
     case MatmulKernel::mma_sync:
-    case MatmulKernel::wgmma:
       return 0;
+    case MatmulKernel::wgmma:
+      return matmul_wgmma_workspace_bytes(args);
     default:
       return matmul_simt_workspace_bytes(kernel, args);
   }
@@ -46,7 +47,7 @@ cudaError_t matmul(MatmulKernel kernel, const MatmulArgs<T>& args, cudaStream_t 
     case MatmulKernel::mma_sync:
       return matmul_mma_sync(args, stream);
     case MatmulKernel::wgmma:
-      return matmul_wgmma(args, stream);
+      return matmul_wgmma(args, stream, workspace);
     default:
       return matmul_simt(kernel, args, stream, workspace);
   }
@@ -74,8 +75,8 @@ MatmulKernel matmul_default_kernel(const MatmulArgs<T>& args) {
       4 * matmul_simt_blocks(MatmulKernel::warp_tiled, args) >= sm_count()) {
     return MatmulKernel::warp_tiled;
   }
-  for (MatmulKernel k : {MatmulKernel::smem_tiled, MatmulKernel::warp_tiled, MatmulKernel::vectorized,
-                         MatmulKernel::register_blocked}) {
+  for (MatmulKernel k :
+       {MatmulKernel::smem_tiled, MatmulKernel::warp_tiled, MatmulKernel::vectorized, MatmulKernel::register_blocked}) {
     if (matmul_supported(k, args)) return k;
   }
   return MatmulKernel::naive;
@@ -126,11 +127,11 @@ cudaError_t transpose_copy(const T* src, int64_t rows, int64_t cols, int64_t src
   return cudaGetLastError();
 }
 
-#define TORCHEXT_INSTANTIATE_MATMUL(T)                                                 \
-  template bool matmul_supported<T>(MatmulKernel, const MatmulArgs<T>&, const char**); \
-  template size_t matmul_workspace_bytes<T>(MatmulKernel, const MatmulArgs<T>&);        \
+#define TORCHEXT_INSTANTIATE_MATMUL(T)                                                     \
+  template bool matmul_supported<T>(MatmulKernel, const MatmulArgs<T>&, const char**);     \
+  template size_t matmul_workspace_bytes<T>(MatmulKernel, const MatmulArgs<T>&);           \
   template cudaError_t matmul<T>(MatmulKernel, const MatmulArgs<T>&, cudaStream_t, void*); \
-  template MatmulKernel matmul_default_kernel<T>(const MatmulArgs<T>&);                \
+  template MatmulKernel matmul_default_kernel<T>(const MatmulArgs<T>&);                    \
   template cudaError_t transpose_copy<T>(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, T*, cudaStream_t);
 TORCHEXT_INSTANTIATE_MATMUL(float)
 TORCHEXT_INSTANTIATE_MATMUL(double)

@@ -68,7 +68,8 @@ bool matmul_supported(MatmulKernel kernel, const MatmulArgs<T>& args, const char
 
 // Device memory that matmul(kernel, args, ...) can use, in bytes (0: none). The CUDA-core versions v2-v5 use it
 // for split-K (matmul_simt.cu): where their grid would have fewer tiles than the GPU has multiprocessors, k is cut
-// into chunks whose partial sums (in the accumulation type) are added up by a second kernel.
+// into chunks whose partial sums (in the accumulation type) are added up by a second kernel. wgmma uses it for
+// stream-K (matmul_wgmma.cu): the tiles of the last, partial wave are cut along k over all multiprocessors.
 template <typename T>
 size_t matmul_workspace_bytes(MatmulKernel kernel, const MatmulArgs<T>& args);
 
@@ -85,8 +86,7 @@ MatmulKernel matmul_default_kernel(const MatmulArgs<T>& args);
 // Per-family launchers behind matmul(). Each returns cudaErrorNotSupported for a version or argument set it
 // does not handle.
 template <typename T>
-cudaError_t matmul_simt(MatmulKernel kernel, const MatmulArgs<T>& args, cudaStream_t stream,
-                        void* workspace = nullptr);
+cudaError_t matmul_simt(MatmulKernel kernel, const MatmulArgs<T>& args, cudaStream_t stream, void* workspace = nullptr);
 template <typename T>
 bool matmul_simt_supported(MatmulKernel kernel, const MatmulArgs<T>& args, const char** why);
 template <typename T>
@@ -98,8 +98,13 @@ template <typename T>
 cudaError_t matmul_mma_sync(const MatmulArgs<T>& args, cudaStream_t stream);
 template <typename T>
 bool matmul_mma_sync_supported(const MatmulArgs<T>& args, const char** why);
+// wgmma's workspace is for stream-K (matmul_wgmma.cu): the k-steps of the last, partial wave of tiles are spread
+// over every multiprocessor, and the blocks hand partial sums to each other through it. Without one, each tile is
+// computed by one block.
 template <typename T>
-cudaError_t matmul_wgmma(const MatmulArgs<T>& args, cudaStream_t stream);
+size_t matmul_wgmma_workspace_bytes(const MatmulArgs<T>& args);
+template <typename T>
+cudaError_t matmul_wgmma(const MatmulArgs<T>& args, cudaStream_t stream, void* workspace = nullptr);
 template <typename T>
 bool matmul_wgmma_supported(const MatmulArgs<T>& args, const char** why);
 

@@ -16,6 +16,11 @@
 //     the math.
 //   - Persistent grid: one block per multiprocessor walks the tiles, in groups of 8 tile-rows for L2 reuse; the
 //     producer prefetches the next tile while the consumers run the epilogue of the current one.
+//   - Stream-K for products of few tiles and a long k (given a workspace): a 1024 x 1024 output is 32 tiles, a
+//     quarter of an H200's 132 multiprocessors. The tiles are cut along k and their k-steps dealt out evenly to
+//     all blocks. A block that computes part of a tile leaves its partial sums in the workspace; the block that
+//     computes the tile's last k-steps adds them, in a fixed order (the result does not change from call to call),
+//     and runs the epilogue. See `Schedule` and `plan_schedule` below.
 //
 // Shapes per block: tile 128 (m) x 256 (n), k step 128 bytes (64 halves or 32 floats) per stage, 48 KiB per
 // stage. Built only for sm_90a (wgmma and setmaxnreg are Hopper-specific); elsewhere the kernel body is empty and
@@ -23,6 +28,8 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <mutex>
 
@@ -42,9 +49,9 @@ constexpr int kStageBytes = kTileBytesA + kTileBytesB;
 constexpr int kChunkBytes = 64 * kRowBytes;  // one 64-wide M- or N-major box of 16-bit values: 8 KiB
 constexpr int kConsumers = 2;
 constexpr int kStagingBytes = 16 * 1024;  // per consumer: the output staging buffer of the TMA-store epilogue
-// Layout: [stages][staging per consumer][full and empty barriers][bias of the tile], from a 1024-aligned base.
-constexpr int kSmemBytes = kStages * kStageBytes + kConsumers * kStagingBytes + 1024 /* alignment slack */ +
-                           2 * kStages * 8 /* barriers */ + kBN * 4 /* the tile's bias, as float */;
+// Layout: [stages][staging per consumer][full and empty barriers], from a 1024-aligned base.
+constexpr int kSmemBytes =
+    kStages * kStageBytes + kConsumers * kStagingBytes + 1024 /* alignment slack */ + 2 * kStages * 8 /* barriers */;
 constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
 constexpr int kGroupM = 8;     // tile-rows walked together for L2 reuse
 
@@ -115,6 +122,18 @@ __device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk
 __device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 // Waits until they are complete (written to global memory).
 __device__ __forceinline__ void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+// Stream-K's hand-over between blocks: a flag in global memory, set with release semantics after the partial sums
+// are written, read with acquire semantics before they are read.
+__device__ __forceinline__ void flag_release(int* flag) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(1) : "memory");
+}
+__device__ __forceinline__ void flag_wait(const int* flag) {
+  int v = 0;
+  do {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+  } while (v == 0);
+}
 // Makes this thread's ordinary shared-memory writes visible to the copy engine.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
@@ -123,10 +142,12 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 //   K-major:     rows of 128 bytes along k; 8-row groups `sbo` = 1024 bytes apart; lbo unused.
 //   M/N-major:   rows of 128 bytes (64 values along m or n) per k; 8-k-row groups `sbo` = 1024 apart; 64-wide
 //                groups along m or n `lbo` apart.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
-         (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+// The low word (address, lbo) changes with the stage and k-step; the high word (sbo, swizzle) is a constant.
+__device__ __forceinline__ uint32_t smem_desc_lo(uint32_t addr, uint32_t lbo) {
+  return ((addr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16);
 }
+constexpr uint32_t smem_desc_hi(uint32_t sbo) { return ((sbo >> 4) & 0x3FFF) | (1u << 30); }
+__device__ __forceinline__ uint64_t smem_desc(uint32_t lo, uint32_t hi) { return (uint64_t(hi) << 32) | lo; }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -241,6 +262,64 @@ __device__ __forceinline__ TileCoord tile_coord(int t, int tiles_m, int tiles_n)
   return {b, first_m + in_group % rows, in_group / rows};
 }
 
+// Which block computes what (stream-K, Osama et al., "Stream-K: Work-centric Parallel Decomposition for Dense
+// Matrix-Matrix Multiplication on the GPU", 2023, in its "data-parallel + one stream-K wave" form).
+//   - Tiles [0, dp_tiles) are data-parallel: block b computes tiles b, b + grid, b + 2 grid, ... whole; dp_tiles is
+//     a multiple of the grid, so every block computes the same number.
+//   - The last sk_tiles tiles (the partial wave) are stream-K: their sk_tiles * k_tiles k-steps, in order (tile by
+//     tile, k-step by k-step), are cut into sk_blocks contiguous ranges of near-equal length, range b to block b.
+//     A range is at most one tile long, so it holds the end of one tile and the start of the next, or a piece
+//     inside one tile: at most two units of work, done upper first.
+//   - Each tile belongs to the block whose range holds its last k-step (the owner). The blocks below the owner whose
+//     ranges reach into the tile (its contributors) store their partial sums, one slot per block (only a block's
+//     upper unit can be a contribution), and raise a flag. The owner adds them in block order, so the sum is the
+//     same every call, and runs the epilogue.
+//   - Contributors never wait; an owner waits only on blocks of lower index, and only after their data-parallel
+//     tiles: no block waits on one that waits on it.
+// Without a workspace (or where splitting gains nothing) dp_tiles is every tile and there is no stream-K part.
+struct Schedule {
+  int tiles_m = 0, tiles_n = 0, k_tiles = 0;
+  int dp_tiles = 0, sk_tiles = 0, sk_blocks = 0;
+  // First k-step (counted over the stream-K tiles) of block b's range; sk_begin(sk_blocks) is the end of the last.
+  __host__ __device__ int64_t sk_begin(int b) const { return int64_t(b) * sk_tiles * k_tiles / sk_blocks; }
+};
+
+struct Work {
+  int tile;               // index into tile_coord's order
+  int k_begin, k_end;     // k-steps of the tile computed here
+  bool owner;             // computes the tile's last k-step: adds the contributions, runs the epilogue
+  int first_contributor;  // owner: contributors are blocks first_contributor .. this block - 1 (none when equal)
+};
+
+// Units of work of block `blk`: its data-parallel tiles, then its stream-K units (upper first).
+__host__ __device__ inline int dp_units(const Schedule& s, int blk, int grid) {
+  return blk < s.dp_tiles ? (s.dp_tiles - 1 - blk) / grid + 1 : 0;
+}
+__host__ __device__ inline int work_units(const Schedule& s, int blk, int grid) {
+  int n = dp_units(s, blk, grid);
+  if (blk < s.sk_blocks) {
+    const int64_t begin = s.sk_begin(blk), end = s.sk_begin(blk + 1);
+    const int64_t upper_start = (end - 1) / s.k_tiles * s.k_tiles;
+    n += begin < upper_start ? 2 : 1;
+  }
+  return n;
+}
+__host__ __device__ inline Work work_unit(const Schedule& s, int blk, int grid, int u) {
+  const int n_dp = dp_units(s, blk, grid);
+  if (u < n_dp) return {blk + u * grid, 0, s.k_tiles, true, blk};
+  const int64_t K = s.k_tiles, begin = s.sk_begin(blk), end = s.sk_begin(blk + 1);
+  const int64_t upper = (end - 1) / K;  // stream-K tile of the range's last k-step
+  const int64_t j = u == n_dp ? upper : upper - 1;
+  const int64_t kb = u == n_dp ? (begin > upper * K ? begin : upper * K) : begin;
+  const int64_t ke = u == n_dp ? end : upper * K;
+  Work w{int(s.dp_tiles + j), int(kb - j * K), int(ke - j * K), ke == (j + 1) * K, blk};
+  if (w.owner) {
+    // Blocks below reach into tile j while their ranges end after its first k-step.
+    while (w.first_contributor > 0 && s.sk_begin(w.first_contributor) > j * K) --w.first_contributor;
+  }
+  return w;
+}
+
 // The activation of the fused epilogue, out of line: inlined into the 128 accumulator stores per thread, erf/tanh/exp
 // made the kernel half a megabyte of code, and ncu showed warps stalled on instruction fetch half the time.
 // It touches no memory, so the calls do not wait on each other.
@@ -256,17 +335,13 @@ __device__ __noinline__ Float4 activation_out_of_line(Float4 z, Activation act) 
   return z;
 }
 
-// Output columns j and j + 1 of row i: z = acc + bias (bias from shared memory), z to aux, act(z) to C.
+// Output columns j and j + 1 of row i: z = acc + bias (b0, b1: 0 without bias), z to aux, act(z) to C.
 template <typename T>
-__device__ __forceinline__ void store_pair(const MatmulArgs<T>& p, bool pair_aligned, const float* bias_tile, int64_t b,
-                                           int64_t i, int64_t j, int jt, float v0, float v1) {
+__device__ __forceinline__ void store_pair(const MatmulArgs<T>& p, bool pair_aligned, int64_t b, int64_t i, int64_t j,
+                                           float b0, float b1, float v0, float v1) {
   if (i >= p.m || j >= p.n) return;
   const bool both = j + 1 < p.n;
-  float z0 = v0, z1 = v1;
-  if (p.bias != nullptr) {
-    z0 += bias_tile[jt];
-    z1 += bias_tile[jt + 1];
-  }
+  const float z0 = v0 + b0, z1 = v1 + b1;
   const int64_t off = b * p.c_bs + i * p.c_rs + j;
   if (p.aux != nullptr) {
     if (pair_aligned && both) {
@@ -276,32 +351,38 @@ __device__ __forceinline__ void store_pair(const MatmulArgs<T>& p, bool pair_ali
       if (both) p.aux[off + 1] = T(z1);
     }
   }
+  float y0 = z0, y1 = z1;
   if (p.act == Activation::relu) {
-    z0 = math::relu_forward(z0);
-    z1 = math::relu_forward(z1);
+    y0 = math::relu_forward(z0);
+    y1 = math::relu_forward(z1);
   } else if (p.act != Activation::none) {
-    z0 = activation_out_of_line(z0, p.act);
-    z1 = activation_out_of_line(z1, p.act);
+    y0 = activation_out_of_line(z0, p.act);
+    y1 = activation_out_of_line(z1, p.act);
   }
   if (pair_aligned && both) {
-    *reinterpret_cast<Vec<T, 2>*>(p.c + off) = Vec<T, 2>{{T(z0), T(z1)}};
+    *reinterpret_cast<Vec<T, 2>*>(p.c + off) = Vec<T, 2>{{T(y0), T(y1)}};
   } else {
-    p.c[off] = T(z0);
-    if (both) p.c[off + 1] = T(z1);
+    p.c[off] = T(y0);
+    if (both) p.c[off + 1] = T(y1);
   }
 }
 
-// Named barrier 1 over the two consumer warpgroups (256 threads); barrier 0 is __syncthreads.
-__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
+// Named barrier 2 + consumer over one consumer warpgroup (128 threads); barrier 0 is __syncthreads.
+__device__ __forceinline__ void consumer_sync(int consumer) {
+  asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
+}
 
 // A K-major: smem A tile is 128 rows (m) of 128 bytes (k). A M-major: two 64-wide chunks, each 64 k-rows of 64 m.
 // B likewise with 256 rows (n) or four 64-wide chunks.
+// `partials` and `flags` (stream-K, see Schedule): per block of the stream-K part, each consumer's 64 x 256 partial
+// sums (as [register / 4][thread][4], so that each warp's 16-byte accesses are contiguous) and its flag, zeroed
+// before the launch.
 template <typename T, bool kAKMajor, bool kBKMajor>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                         const __grid_constant__ CUtensorMap map_c, const __grid_constant__ CUtensorMap map_aux,
-                        const MatmulArgs<T> p, int tiles_m, int tiles_n, int k_tiles, int a_batched, int b_batched,
-                        int pair_aligned, int tma_store) {
+                        const MatmulArgs<T> p, const Schedule sched, float* partials, int* flags, int a_batched,
+                        int b_batched, int pair_aligned, int tma_store) {
 #if defined(TORCHEXT_WGMMA_DEVICE)
   extern __shared__ uint8_t smem_raw[];
   // 128-byte swizzling repeats every 1024 bytes and is computed from the address: stage buffers start on 1024.
@@ -309,10 +390,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* staging_base = smem + kStages * kStageBytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(staging_base + kConsumers * kStagingBytes);
   uint64_t* empty = full + kStages;
-  float* bias_tile = reinterpret_cast<float*>(empty + kStages);
   const int warpgroup = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
-  const int total_tiles = tiles_m * tiles_n * static_cast<int>(p.batch);
+  const int units = work_units(sched, blockIdx.x, gridDim.x);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -327,13 +407,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Producer: one thread issues every copy.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (tid == 0) {
-      int it = 0;
-      for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
-        const TileCoord tc = tile_coord(t, tiles_m, tiles_n);
+      int s = 0;
+      uint32_t phase = 0;
+      for (int u = 0; u < units; ++u) {
+        const Work w = work_unit(sched, blockIdx.x, gridDim.x, u);
+        const TileCoord tc = tile_coord(w.tile, sched.tiles_m, sched.tiles_n);
         const int ba = a_batched ? tc.b : 0, bb = b_batched ? tc.b : 0;
-        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-          const int s = it % kStages;
-          mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);
+        for (int kt = w.k_begin; kt < w.k_end; ++kt) {
+          mbar_wait(&empty[s], phase ^ 1);
           mbar_arrive_expect_tx(&full[s], kStageBytes);
           uint8_t* sa = smem + s * kStageBytes;
           uint8_t* sb = sa + kTileBytesA;
@@ -352,6 +433,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int c = 0; c < kBN / 64; ++c)
               tma_load_3d(sb + c * kChunkBytes, &map_b, &full[s], tc.tn * kBN + c * 64, k0, bb);
           }
+          if (++s == kStages) s = 0, phase ^= 1;
         }
       }
     }
@@ -363,52 +445,109 @@ __global__ void __launch_bounds__(kThreads, 1)
     using Mma = Wgmma<T, !kAKMajor, !kBKMajor>;
     constexpr int kSteps = kBK<T> / Mma::kK;  // wgmmas per stage: 4
     float d[128];
-    int it = 0;
-    for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
-      const TileCoord tc = tile_coord(t, tiles_m, tiles_n);
+    // Stage `stage` is free again as far as this warp is concerned.
+    auto release = [&](int stage) {
+      if (lane == 0) mbar_arrive(&empty[stage]);
+    };
+    // The descriptors of stage 0, k-step 0 of this consumer's A rows and of B, computed once: a descriptor's low
+    // 14 bits are the address / 16, so other stages and k-steps are constant offsets (shared addresses stay below
+    // 2^18, so the field never carries over).
+    const uint32_t stage0 = smem_addr(smem);
+    const uint32_t desc_a = kAKMajor ? smem_desc_lo(stage0 + consumer * 64 * kRowBytes, 16)
+                                     : smem_desc_lo(stage0 + consumer * kChunkBytes, kChunkBytes);
+    const uint32_t desc_b = smem_desc_lo(stage0 + kTileBytesA, kBKMajor ? 16 : kChunkBytes);
+    constexpr uint32_t kDescHi = smem_desc_hi(1024);
+    constexpr int kStepBytesA = kAKMajor ? Mma::kK * int(sizeof(T)) : Mma::kK * kRowBytes;
+    constexpr int kStepBytesB = kBKMajor ? Mma::kK * int(sizeof(T)) : Mma::kK * kRowBytes;
+    int stage = 0, prev_stage = 0;
+    uint32_t phase = 0;
+    for (int u = 0; u < units; ++u) {
+      const Work w = work_unit(sched, blockIdx.x, gridDim.x, u);
+      const TileCoord tc = tile_coord(w.tile, sched.tiles_m, sched.tiles_n);
+      const int64_t col0 = int64_t(tc.tn) * kBN;
+      // The tile's 256 bias values, loaded now and used after the main loop: each lane holds column pairs lane,
+      // lane + 32, lane + 64 and lane + 96, and the epilogue takes the pair it needs from its lane by a shuffle.
+      // 16-bit pairs stay packed in one register each: they live through the main loop.
+      constexpr int kWords = sizeof(T) == 2 ? 1 : 2;
+      uint32_t bias_pairs[4][kWords];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int64_t j = col0 + 2 * (lane + 32 * r);
+        const bool load = p.bias != nullptr && w.owner;
+        const T b0 = load && j < p.n ? p.bias[j] : T(0.f), b1 = load && j + 1 < p.n ? p.bias[j + 1] : T(0.f);
+        if constexpr (kWords == 1) {
+          Vec<T, 2> v{{b0, b1}};
+          std::memcpy(&bias_pairs[r][0], &v, 4);
+        } else {
+          bias_pairs[r][0] = __float_as_uint(b0), bias_pairs[r][1] = __float_as_uint(b1);
+        }
+      }
 #pragma unroll
       for (int i = 0; i < 128; ++i) d[i] = 0.f;
-      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-        const int s = it % kStages;
-        mbar_wait(&full[s], (it / kStages) & 1);
-        const uint32_t sa = smem_addr(smem + s * kStageBytes);
-        const uint32_t sb = sa + kTileBytesA;
+      for (int kt = w.k_begin; kt < w.k_end; ++kt) {
+        mbar_wait(&full[stage], phase);
+        const uint32_t stage_offset = uint32_t(stage * kStageBytes) >> 4;
         wgmma_fence();
 #pragma unroll
         for (int step = 0; step < kSteps; ++step) {
-          uint64_t da, db;
-          if constexpr (kAKMajor) {
-            da = smem_desc(sa + consumer * 64 * kRowBytes + step * Mma::kK * int(sizeof(T)), 16, 1024);
-          } else {
-            da = smem_desc(sa + consumer * kChunkBytes + step * Mma::kK * kRowBytes, kChunkBytes, 1024);
-          }
-          if constexpr (kBKMajor) {
-            db = smem_desc(sb + step * Mma::kK * int(sizeof(T)), 16, 1024);
-          } else {
-            db = smem_desc(sb + step * Mma::kK * kRowBytes, kChunkBytes, 1024);
-          }
-          Mma::run(d, da, db);
+          Mma::run(d, smem_desc(desc_a + stage_offset + (step * kStepBytesA >> 4), kDescHi),
+                   smem_desc(desc_b + stage_offset + (step * kStepBytesB >> 4), kDescHi));
         }
         wgmma_commit();
         // Keep this stage's wgmmas in flight; the previous stage's are done, so its buffers go back.
         wgmma_wait<1>();
-        if (kt > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
+        if (kt > w.k_begin) release(prev_stage);
+        prev_stage = stage;
+        if (++stage == kStages) stage = 0, phase ^= 1;
       }
       wgmma_wait<0>();
-      if (k_tiles > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
+      release(prev_stage);  // every unit has at least one k-step
       fence_accumulators(d);
 
-      // Accumulator layout of m64nNk16: warp w holds rows 16w + lane/4 and 16w + lane/4 + 8; register 4j + e
-      // holds column 8j + 2 (lane % 4) + (e & 1), the second row for e >= 2.
-      const int64_t row = int64_t(tc.tm) * kBM + consumer * 64 + warp * 16 + lane / 4;
-      const int64_t col0 = int64_t(tc.tn) * kBN;
-      if (p.bias != nullptr) {
-        // The tile's 256 bias values, once, into shared memory (after both consumers are done with the last tile's).
-        consumers_sync();
-        const int c = (consumer * 128 + tid);
-        bias_tile[c] = col0 + c < p.n ? static_cast<float>(p.bias[col0 + c]) : 0.f;
-        consumers_sync();
+      // Stream-K: a contributor leaves its partial sums for the tile's owner; the owner adds those of the blocks
+      // below it, lowest first.
+      if (!w.owner) {
+        float4* part = reinterpret_cast<float4*>(partials + (size_t(blockIdx.x) * kConsumers + consumer) * (128 * 128));
+#pragma unroll
+        for (int i = 0; i < 32; ++i)
+          __stcg(part + i * 128 + tid, make_float4(d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]));
+        __threadfence();
+        consumer_sync(consumer);
+        if (tid == 0) flag_release(&flags[blockIdx.x * kConsumers + consumer]);
+        continue;
       }
+      for (int c = w.first_contributor; c < int(blockIdx.x); ++c) {
+        if (tid == 0) flag_wait(&flags[c * kConsumers + consumer]);
+        consumer_sync(consumer);
+        const float4* part =
+            reinterpret_cast<const float4*>(partials + (size_t(c) * kConsumers + consumer) * (128 * 128));
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          const float4 v = __ldcg(part + i * 128 + tid);
+          d[4 * i] += v.x, d[4 * i + 1] += v.y, d[4 * i + 2] += v.z, d[4 * i + 3] += v.w;
+        }
+      }
+
+      // Accumulator layout of m64nNk16: warp w holds rows 16w + lane/4 and 16w + lane/4 + 8; register 4j + e
+      // holds column 8j + 2 (lane % 4) + (e & 1), the second row for e >= 2. Column pair 4j + lane % 4 of the
+      // tile is bias pair j / 8 of lane 4 (j % 8) + lane % 4.
+      auto bias_pair = [&](int j) {
+        float2 v{0.f, 0.f};
+        if (p.bias != nullptr) {
+          const int src = 4 * (j % 8) + lane % 4;
+          if constexpr (kWords == 1) {
+            const uint32_t bits = __shfl_sync(0xffffffffu, bias_pairs[j / 8][0], src);
+            Vec<T, 2> pair;
+            std::memcpy(&pair, &bits, 4);
+            v.x = static_cast<float>(pair.v[0]), v.y = static_cast<float>(pair.v[1]);
+          } else {
+            v.x = __uint_as_float(__shfl_sync(0xffffffffu, bias_pairs[j / 8][0], src));
+            v.y = __uint_as_float(__shfl_sync(0xffffffffu, bias_pairs[j / 8][1], src));
+          }
+        }
+        return v;
+      };
+      const int64_t row = int64_t(tc.tm) * kBM + consumer * 64 + warp * 16 + lane / 4;
       if (tma_store) {
         // Through shared memory and the copy engine: each thread writes its pairs into a 128-byte-swizzled staging
         // buffer (conflict-free), one thread stores it with TMA, and the warpgroup goes back to the main loop while
@@ -425,18 +564,15 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int pass = 0; pass < passes; ++pass) {
             const bool activate = pass == passes - 1;
             if (tid == 0) tma_store_wait_read();  // the previous chunk's copy is done reading the buffer
-            asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
+            consumer_sync(consumer);
 #pragma unroll
             for (int jj = 0; jj < kChunkCols / 8; ++jj) {
               const int j = q * (kChunkCols / 8) + jj;
               const int jt = 8 * j + 2 * (lane % 4);  // column within the tile
               const int cc = jt - q * kChunkCols;     // column within the chunk
               const int box = cc / kBoxCols, cb = cc % kBoxCols;
-              Float4 z{{d[4 * j], d[4 * j + 1], d[4 * j + 2], d[4 * j + 3]}};  // (row, row + 8) x (jt, jt + 1)
-              if (p.bias != nullptr) {
-                z.v[0] += bias_tile[jt], z.v[1] += bias_tile[jt + 1];
-                z.v[2] += bias_tile[jt], z.v[3] += bias_tile[jt + 1];
-              }
+              const float2 bj = bias_pair(j);
+              Float4 z{{d[4 * j] + bj.x, d[4 * j + 1] + bj.y, d[4 * j + 2] + bj.x, d[4 * j + 3] + bj.y}};
               if (activate) {
                 if (p.act == Activation::relu) {
 #pragma unroll
@@ -455,7 +591,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               }
             }
             fence_proxy_async();
-            asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
+            consumer_sync(consumer);
             if (tid == 0) {
               const CUtensorMap* map = activate ? &map_c : &map_aux;
 #pragma unroll
@@ -470,9 +606,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       } else {
 #pragma unroll
         for (int j = 0; j < kBN / 8; ++j) {
-          const int jt = 8 * j + 2 * (lane % 4);
-          store_pair(p, pair_aligned != 0, bias_tile, tc.b, row, col0 + jt, jt, d[4 * j], d[4 * j + 1]);
-          store_pair(p, pair_aligned != 0, bias_tile, tc.b, row + 8, col0 + jt, jt, d[4 * j + 2], d[4 * j + 3]);
+          const int64_t col = col0 + 8 * j + 2 * (lane % 4);
+          const float2 bj = bias_pair(j);
+          store_pair(p, pair_aligned != 0, tc.b, row, col, bj.x, bj.y, d[4 * j], d[4 * j + 1]);
+          store_pair(p, pair_aligned != 0, tc.b, row + 8, col, bj.x, bj.y, d[4 * j + 2], d[4 * j + 3]);
         }
       }
     }
@@ -588,15 +725,69 @@ cudaError_t make_map(CUtensorMap* map, const T* base, int64_t inner, int64_t out
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+// The schedule of a product with the given tile counts on `sms` multiprocessors; `split`: stream-K is allowed.
+// Stream-K could take the tiles of any last, partial wave; it is used only where that wave is the whole product and
+// fills at most half of the GPU, with a long k (at least kMinSplitKTiles k-steps per tile). Measured on an H200
+// (benchmarks/matmul_check.cu --linear, bf16, interleaved medians), against every tile whole:
+//   1024 x 1024 x 8192 (32 tiles): 0.048 vs 0.089 ms;
+//   2048^3 (128 tiles): 0.043 vs 0.035; 4096 x 784 x 256: 0.025 vs 0.016; 512^3: 0.020 vs 0.016;
+//   8192 x 4096 x 4096 (1024 tiles, 7.76 waves): 0.374 vs 0.372; 4096^3: 0.197 vs 0.189.
+// With many tiles the GPU runs at its power limit and the partial wave costs less than its share of the tiles;
+// with short pieces the fixed costs (zeroing the flags, the partial sums' round trip through L2) outweigh the gain.
+// Each extra piece of a tile costs its owner a read of its partial sums, and shortens the tail: at most sqrt(k_tiles)
+// pieces per tile.
+constexpr int64_t kMinSplitKTiles = 16;
+inline Schedule plan_schedule(int64_t tiles_m, int64_t tiles_n, int64_t batch, int64_t k_tiles, int sms, bool split) {
+  Schedule s;
+  s.tiles_m = int(tiles_m), s.tiles_n = int(tiles_n), s.k_tiles = int(k_tiles);
+  const int64_t total = tiles_m * tiles_n * batch;
+  s.dp_tiles = int(total);
+  if (!split || sms <= 0 || 2 * total > sms || k_tiles < kMinSplitKTiles) return s;
+  const int64_t rem = total % sms;  // tiles of the partial wave (here every tile)
+  const int64_t pieces = int64_t(std::sqrt(double(k_tiles)));
+  const int64_t blocks = std::min<int64_t>(sms, rem * pieces);
+  if (rem == 0 || blocks <= rem) return s;
+  s.dp_tiles = int(total - rem);
+  s.sk_tiles = int(rem);
+  s.sk_blocks = int(blocks);
+  return s;
+}
+
+// Workspace of a stream-K schedule: the flags (zeroed before each launch), then one 128 x 256 float tile of
+// partial sums per stream-K block.
+constexpr size_t kFlagBytesAlign = 256;
+inline size_t flag_bytes(const Schedule& s) {
+  return (size_t(s.sk_blocks) * kConsumers * sizeof(int) + kFlagBytesAlign - 1) / kFlagBytesAlign * kFlagBytesAlign;
+}
+inline size_t workspace_bytes(const Schedule& s) {
+  return s.sk_blocks == 0 ? 0 : flag_bytes(s) + size_t(s.sk_blocks) * kBM * kBN * sizeof(float);
+}
+
+template <typename T>
+Schedule schedule_for(const MatmulArgs<T>& a, bool split) {
+  return plan_schedule((a.m + kBM - 1) / kBM, (a.n + kBN - 1) / kBN, a.batch, (a.k + kBK<T> - 1) / kBK<T>, sm_count(),
+                       split);
+}
+
 template <typename T, bool kAKMajor, bool kBKMajor>
-cudaError_t launch(const MatmulArgs<T>& a, const OperandPlan& pa, const OperandPlan& pb, cudaStream_t stream) {
+cudaError_t launch(const MatmulArgs<T>& a, const OperandPlan& pa, const OperandPlan& pb, cudaStream_t stream,
+                   void* workspace) {
   constexpr int bk = kBK<T>;
   const bool a_batched = a.a_bs != 0 && a.batch > 1, b_batched = a.b_bs != 0 && a.batch > 1;
+  const int64_t tiles_m = (a.m + kBM - 1) / kBM, tiles_n = (a.n + kBN - 1) / kBN, k_tiles = (a.k + bk - 1) / bk;
+  const int64_t total = tiles_m * tiles_n * a.batch;
+  if (total >= (int64_t(1) << 31)) return cudaErrorNotSupported;
+  cudaError_t err;
+
+  auto kernel = matmul_wgmma_kernel<T, kAKMajor, kBKMajor>;
+  static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (attr != cudaSuccess) return attr;
+  const Schedule sched = plan_schedule(tiles_m, tiles_n, a.batch, k_tiles, sm_count(), workspace != nullptr);
+
   CUtensorMap map_a, map_b;
   std::memset(&map_a, 0, sizeof(map_a));
   std::memset(&map_b, 0, sizeof(map_b));
-  cudaError_t err;
-  // A K-major: inner k, outer m, box (bk, 128). M-major: inner m, outer k, box (64, bk).
+  // A K-major: inner k, outer m, box (bk, 128). M-major: inner m, outer k, box (64, bk). B likewise (256 n-rows).
   err = kAKMajor ? make_map(&map_a, a.a, a.k, a.m, a_batched ? a.batch : 1, pa.lead, a.a_bs, kBM)
                  : make_map(&map_a, a.a, a.m, a.k, a_batched ? a.batch : 1, pa.lead, a.a_bs, bk);
   if (err != cudaSuccess) return err;
@@ -621,18 +812,22 @@ cudaError_t launch(const MatmulArgs<T>& a, const OperandPlan& pa, const OperandP
     tma_store = make_map(&map_aux, static_cast<const T*>(a.aux), a.n, a.m, c_batched ? a.batch : 1, a.c_rs, a.c_bs, 64,
                          /*round_tf32=*/false) == cudaSuccess;
   }
-  auto kernel = matmul_wgmma_kernel<T, kAKMajor, kBKMajor>;
-  static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (attr != cudaSuccess) return attr;
-  const int tiles_m = int((a.m + kBM - 1) / kBM), tiles_n = int((a.n + kBN - 1) / kBN);
-  const int k_tiles = int((a.k + bk - 1) / bk);
-  const int64_t total = int64_t(tiles_m) * tiles_n * a.batch;
-  if (total >= (int64_t(1) << 31)) return cudaErrorNotSupported;
-  const int grid = int(std::min<int64_t>(total, sm_count()));
   const bool pair_aligned = a.c_rs % 2 == 0 && a.c_bs % 2 == 0 &&
                             reinterpret_cast<uintptr_t>(a.c) % (2 * sizeof(T)) == 0 &&
                             (a.aux == nullptr || reinterpret_cast<uintptr_t>(a.aux) % (2 * sizeof(T)) == 0);
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, map_aux, a, tiles_m, tiles_n, k_tiles, a_batched,
+
+  int* flags = nullptr;
+  float* partials = nullptr;
+  int grid = int(std::min<int64_t>(total, sm_count()));
+  if (sched.sk_blocks > 0) {
+    flags = static_cast<int*>(workspace);
+    partials = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + flag_bytes(sched));
+    err = cudaMemsetAsync(flags, 0, flag_bytes(sched), stream);
+    if (err != cudaSuccess) return err;
+    // Every block when there is a data-parallel part (dp_tiles is a multiple of the multiprocessor count).
+    grid = sched.dp_tiles > 0 ? sm_count() : sched.sk_blocks;
+  }
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, map_aux, a, sched, partials, flags, a_batched,
                                                  b_batched, pair_aligned, int(tma_store));
   return cudaGetLastError();
 }
@@ -646,24 +841,35 @@ bool matmul_wgmma_supported(const MatmulArgs<T>& args, const char** why) {
 }
 
 template <typename T>
-cudaError_t matmul_wgmma(const MatmulArgs<T>& args, cudaStream_t stream) {
+size_t matmul_wgmma_workspace_bytes(const MatmulArgs<T>& args) {
+  OperandPlan pa, pb;
+  if (!check_args(args, pa, pb, nullptr) || args.m == 0 || args.n == 0 || args.batch == 0) return 0;
+  return workspace_bytes(schedule_for(args, true));
+}
+
+template <typename T>
+cudaError_t matmul_wgmma(const MatmulArgs<T>& args, cudaStream_t stream, void* workspace) {
   OperandPlan pa, pb;
   if (!check_args(args, pa, pb, nullptr)) return cudaErrorNotSupported;
   if (args.m == 0 || args.n == 0 || args.batch == 0) return cudaSuccess;
   if constexpr (std::is_same_v<T, double>) {
     return cudaErrorNotSupported;
   } else if constexpr (std::is_same_v<T, float>) {
-    return launch<T, true, true>(args, pa, pb, stream);
+    return launch<T, true, true>(args, pa, pb, stream, workspace);
   } else {
-    if (pa.k_major)
-      return pb.k_major ? launch<T, true, true>(args, pa, pb, stream) : launch<T, true, false>(args, pa, pb, stream);
-    return pb.k_major ? launch<T, false, true>(args, pa, pb, stream) : launch<T, false, false>(args, pa, pb, stream);
+    if (pa.k_major) {
+      return pb.k_major ? launch<T, true, true>(args, pa, pb, stream, workspace)
+                        : launch<T, true, false>(args, pa, pb, stream, workspace);
+    }
+    return pb.k_major ? launch<T, false, true>(args, pa, pb, stream, workspace)
+                      : launch<T, false, false>(args, pa, pb, stream, workspace);
   }
 }
 
 #define TORCHEXT_INSTANTIATE_WGMMA(T)                                          \
   template bool matmul_wgmma_supported<T>(const MatmulArgs<T>&, const char**); \
-  template cudaError_t matmul_wgmma<T>(const MatmulArgs<T>&, cudaStream_t);
+  template size_t matmul_wgmma_workspace_bytes<T>(const MatmulArgs<T>&);       \
+  template cudaError_t matmul_wgmma<T>(const MatmulArgs<T>&, cudaStream_t, void*);
 TORCHEXT_INSTANTIATE_WGMMA(float)
 TORCHEXT_INSTANTIATE_WGMMA(double)
 TORCHEXT_INSTANTIATE_WGMMA(__half)

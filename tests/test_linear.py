@@ -74,6 +74,21 @@ def test_linear_split_k_layers(dtype, shape, out_features):
     check_linear_matches_torch("cuda", dtype, "gelu", shape, out_features, has_bias=True)
 
 
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_linear_stream_k_layer(dtype, activation):
+    """A 1024 -> 1024 layer on 1000 rows: each of its three GEMMs has 32 tiles of 128 x 256 and a k of 1000 or more,
+    so wgmma splits them along k (stream-K, cuda_ops/matmul_wgmma.cu); the tile owners run the bias and activation
+    epilogue after adding the other blocks' partial sums."""
+    if torch.cuda.get_device_capability() == (9, 0):
+        x, w = torch.empty(1000, 1024, device="cuda", dtype=dtype), torch.empty(1024, 1024, device="cuda", dtype=dtype)
+        g = torch.empty(1000, 1024, device="cuda", dtype=dtype)
+        for a, b in ((x, w.t()), (g, w), (g.t(), x)):  # forward, grad_input, grad_weight
+            assert torchext.ops.matmul_kernel(a, b) == "wgmma"
+    check_linear_matches_torch("cuda", dtype, activation, (1000, 1024), 1024, has_bias=True)
+
+
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("x_layout", LAYOUTS)
 @pytest.mark.parametrize("w_layout", LAYOUTS)

@@ -108,6 +108,50 @@ def test_matmul_split_k_exact_and_deterministic(kernel, dtype, case):
     assert_accurate(first, torch.matmul(a, b), torch.matmul(a.double(), b.double()), f"{kernel} split-K {case}")
 
 
+# Products of few 128 x 256 tiles (at most half of any Hopper GPU's multiprocessors) and a long k: wgmma cuts the
+# tiles along k over all blocks (stream-K, cuda_ops/matmul_wgmma.cu), and the blocks hand partial sums to each tile's
+# owner through the workspace. (M, K, N), batch, B broadcast over the batch. Leading dimensions are multiples of 8
+# elements, as TMA needs 16-byte aligned rows.
+STREAM_K_CASES = [((296, 4000, 520), 1, False), ((200, 2000, 304), 3, False), ((200, 2000, 304), 3, True),
+                  ((1000, 3000, 1104), 1, False)]  # fmt: skip
+
+
+def require_wgmma(a, b):
+    """Skip on a GPU without wgmma; on an sm_90 GPU, fail (rather than skip) if wgmma does not take (a, b)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs an sm_90 GPU")
+    assert torchext.ops.matmul_kernel(a, b, "wgmma") == "wgmma"
+
+
+@gpu
+@pytest.mark.parametrize(
+    "dtype,a_layout,b_layout",
+    [
+        (torch.bfloat16, "contiguous", "contiguous"),
+        (torch.bfloat16, "transposed", "transposed"),
+        (torch.float16, "contiguous", "contiguous"),
+        (torch.float16, "transposed", "contiguous"),
+        (torch.float32, "contiguous", "transposed"),  # tf32 wgmma reads K-major A and B only
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("case", STREAM_K_CASES, ids=str)
+def test_matmul_wgmma_stream_k_exact_and_deterministic(dtype, a_layout, b_layout, case):
+    (m, k, n), batch, broadcast = case
+    b_shape = (k, n) if broadcast else (batch, k, n)
+    with allow_tf32(dtype == torch.float32):
+        a, b = integers((batch, m, k), dtype, "cuda", a_layout), integers(b_shape, dtype, "cuda", b_layout)
+        require_wgmma(a, b)
+        poison_allocator("cuda", torch.empty(batch, m, n, dtype=dtype))
+        c = torchext.matmul(a, b, "wgmma")
+        assert_exact(c, a, b, f"wgmma stream-K {case}")
+        a = layout(make_tensor((batch, m, k), dtype, "cuda"), a_layout)
+        b = layout(make_tensor(b_shape, dtype, "cuda"), b_layout)
+        first, second = torchext.matmul(a, b, "wgmma"), torchext.matmul(a, b, "wgmma")
+        assert torch.equal(first, second), "stream-K adds the partial sums in a fixed order: the same bits every call"
+        assert_accurate(first, torch.matmul(a, b), torch.matmul(a.double(), b.double()), f"wgmma stream-K {case}")
+
+
 @gpu
 def test_matmul_default_kernel_for_thin_and_few_tile_products():
     """A thin product of few flops (a classifier) takes smem_tiled with split-K, in every dtype; a float32 product
