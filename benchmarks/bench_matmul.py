@@ -52,7 +52,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import report  # noqa: E402
-from common import CsvWriter, budget_reps, device_time_fn, environment, time_fn, time_once  # noqa: E402
+from common import CsvWriter, budget_reps, device_time_fn, environment, time_fn, time_interleaved, time_once  # noqa: E402
 
 try:
     import torchext
@@ -241,7 +241,8 @@ class Runner:
             providers.insert(0, ("torchext", te, lambda: te(x)))
         else:
             self.unsupported(op, "torchext", "fwd+bwd", shape, label, TORCHEXT_ERROR or "no torchext.nn.Linear")
-        outs = {}
+        # Both providers timed side by side (time_interleaved), per mode: the ratio is the result.
+        steps, forwards = {}, {}
         for provider, mod, fwd in providers:
             params = list(mod.parameters())
 
@@ -255,14 +256,23 @@ class Runner:
                 with torch.no_grad():
                     return fwd()
 
-            res = self.measure(
-                op, provider, "fwd", shape, label, forward, flops=2.0 * M * K * N, key=(provider, "fwd", op, label)
-            )
-            outs[provider] = res[1] if res else None
-            self.measure(
-                op, provider, "fwd+bwd", shape, label, step, flops=6.0 * M * K * N, key=(provider, "fwd+bwd", op, label)
-            )
-            if self.args.gpu_time and self.left() > 10:
+            steps[provider], forwards[provider] = step, forward
+        outs = {provider: forward() for provider, forward in forwards.items()}
+        for mode, fns, flops in (("fwd", forwards, 2.0 * M * K * N), ("fwd+bwd", steps, 6.0 * M * K * N)):
+            if self.left() < 0:
+                for provider in fns:
+                    self.w.row(op, provider, mode, shape, label, "skipped", "us", math.nan, math.nan, math.nan)
+                continue
+            est = max(time_once(fn, self.device)[0] for fn in fns.values())
+            warmup, reps = budget_reps(est * len(fns), self.args.seconds, self.args.min_reps, self.args.max_reps)
+            for provider, t in zip(fns, time_interleaved(list(fns.values()), self.device, warmup=warmup, reps=reps)):
+                self.w.timing(op, provider, mode, shape, label, t)
+                self.w.row(
+                    op, provider, mode, shape, label, "throughput", "TFLOP/s", flops / t.p50 / 1e6, flops / t.p80 / 1e6,
+                    flops / t.p20 / 1e6,
+                )  # fmt: skip
+        if self.args.gpu_time and self.left() > 10:
+            for provider, step in steps.items():
                 t = device_time_fn(step, self.device, warmup=1, reps=5)
                 self.w.device_time(op, provider, "fwd+bwd", shape, label, t)
         if outs.get("torchext") is not None and outs.get("torch") is not None:

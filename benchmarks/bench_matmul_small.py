@@ -18,7 +18,14 @@ import torchext
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import environment  # noqa: E402
 
-LAYERS = [(512, 512, 10), (128, 2304, 512), (128, 512, 10), (4096, 784, 256), (512, 512, 512)]  # (M, K, N)
+LAYERS = [
+    (512, 512, 10),
+    (128, 2304, 512),
+    (128, 512, 10),
+    (4096, 784, 256),
+    (512, 512, 512),
+    (8192, 1024, 1024),
+]  # (M, K, N)
 KERNELS = ["smem_tiled", "warp_tiled", "mma_sync", "wgmma", None]  # None: the default choice
 
 

@@ -5,9 +5,13 @@
 //        -I cuda_ops benchmarks/matmul_check.cu cuda_ops/matmul_wgmma.cu cuda_ops/common.cu -lcublas -o matmul_check
 //   ./matmul_check [--quick]
 //
+//   ./matmul_check --linear   (the three GEMMs of Linear 8192 x 4096 -> 4096, timed)
+//
 // For every case: relative Frobenius error of the kernel and of cuBLAS (same dtype) against a float64 cuBLAS
 // product of the same inputs, a check that every output element was written (outputs are poisoned with NaN
-// first), and for the large cases the median time of both over 20 runs (CUDA events, fresh inputs, warm-up).
+// first), and for the large cases the median times over 40 interleaved rounds (CUDA events, warm-up). The kernel runs
+// with its workspace (stream-K where there are few tiles and a long k) and without (each tile whole): both must be
+// right, the first must give the same bits twice, and both are timed.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -163,15 +167,33 @@ void run_case(cublasHandle_t h, const Case& cs, bool integers) {
     *unwritten = h_acc[2];
   };
 
-  CHECK_CUDA(cudaMemset(c, 0xFF, m * c_ld * batch * sizeof(T)));  // NaN in every float type
   const char* why = nullptr;
   if (!matmul_wgmma_supported(p, &why)) {
     std::printf("%-5s %5ld x %5ld x %5ld b%ld A%s B%s: unsupported: %s\n", cs.dtype, long(m), long(n), long(k),
                 long(batch), cs.a_kmajor ? "k" : "m", cs.b_kmajor ? "k" : "n", why);
     return;
   }
-  CHECK_CUDA(matmul_wgmma(p, 0));
+  const size_t ws_bytes = matmul_wgmma_workspace_bytes(p);
+  void* ws = nullptr;
+  if (ws_bytes > 0) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+  // Without the workspace: each tile computed whole by one block.
+  auto whole_tiles = [&] { return matmul_wgmma(p, 0, nullptr); };
+  CHECK_CUDA(cudaMemset(c, 0xFF, m * c_ld * batch * sizeof(T)));  // NaN in every float type
+  CHECK_CUDA(whole_tiles());
   CHECK_CUDA(cudaDeviceSynchronize());
+  double err_whole, bad_whole;
+  measure_error(c, &err_whole, &bad_whole);
+  // With it (stream-K where the schedule splits), twice: the same bits each time.
+  const size_t c_bytes = m * c_ld * batch * sizeof(T);
+  std::vector<uint8_t> first(c_bytes), second(c_bytes);
+  CHECK_CUDA(cudaMemset(ws, 0x5A, ws_bytes));  // garbage in the workspace, as from the caching allocator
+  CHECK_CUDA(cudaMemset(c, 0xFF, c_bytes));
+  CHECK_CUDA(matmul_wgmma(p, 0, ws));
+  CHECK_CUDA(cudaMemcpy(first.data(), c, c_bytes, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemset(c, 0xFF, c_bytes));
+  CHECK_CUDA(matmul_wgmma(p, 0, ws));
+  CHECK_CUDA(cudaMemcpy(second.data(), c, c_bytes, cudaMemcpyDeviceToHost));
+  const bool same_bits = first == second;
   double err, bad;
   measure_error(c, &err, &bad);
 
@@ -191,41 +213,57 @@ void run_case(cublasHandle_t h, const Case& cs, bool integers) {
     CHECK_CUDA(cudaDeviceSynchronize());
     measure_error(cb, &err_cublas, &bad_cublas);
   }
+  auto good = [&](double e, double b) {
+    // tf32: cuBLAS runs some shapes (k = 17) in full float32 even where tf32 is allowed; tf32's own rounding
+    // (2^-11 relative per operand) bounds the error at about 1e-3 whatever cuBLAS chose.
+    const double floor = std::strcmp(cs.dtype, "tf32") == 0 ? 1e-3 : 1e-7;
+    return b == 0 && (integers ? e <= err_cublas : (cs.bias_relu || e <= 2 * err_cublas + floor));
+  };
   std::printf(
-      "%-5s %5ld x %5ld x %5ld b%ld A%s B%s%s: err %.3e (cuBLAS %.3e) unwritten/NaN %.0f  %s\n", cs.dtype, long(m),
-      long(n), long(k), long(batch), cs.a_kmajor ? "k" : "m", cs.b_kmajor ? "k" : "n",
-      cs.bias_relu ? " +bias+relu" : "", err, err_cublas, bad,
-      (bad == 0 && (integers ? err <= err_cublas : (cs.bias_relu || err <= 2 * err_cublas + 1e-7))) ? "ok" : "FAIL");
+      "%-5s %5ld x %5ld x %5ld b%ld A%s B%s%s: err %.3e, whole tiles %.3e (cuBLAS %.3e) unwritten/NaN %.0f/%.0f "
+      "workspace %s, same bits twice %s  %s\n",
+      cs.dtype, long(m), long(n), long(k), long(batch), cs.a_kmajor ? "k" : "m", cs.b_kmajor ? "k" : "n",
+      cs.bias_relu ? " +bias+relu" : "", err, err_whole, err_cublas, bad, bad_whole, ws_bytes > 0 ? "yes" : "no",
+      same_bits ? "yes" : "NO", (good(err, bad) && good(err_whole, bad_whole) && same_bits) ? "ok" : "FAIL");
 
   if (cs.timed) {
     cudaEvent_t e0, e1;
     CHECK_CUDA(cudaEventCreate(&e0));
     CHECK_CUDA(cudaEventCreate(&e1));
-    auto time_it = [&](auto&& fn) {
-      std::vector<float> ms;
-      for (int i = 0; i < 3; ++i) fn();
-      for (int i = 0; i < 20; ++i) {
-        CHECK_CUDA(cudaEventRecord(e0));
-        fn();
-        CHECK_CUDA(cudaEventRecord(e1));
-        CHECK_CUDA(cudaEventSynchronize(e1));
-        float t;
-        CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
-        ms.push_back(t);
-      }
-      std::sort(ms.begin(), ms.end());
-      return ms[ms.size() / 2];
+    // The three interleaved, one call of each per round in rotating order, so that clock and power drift hit all
+    // three alike (a large GEMM holds an H200 at its power limit): medians over the rounds.
+    std::vector<float> ms[3];
+    auto one = [&](int which) {
+      CHECK_CUDA(cudaEventRecord(e0));
+      if (which == 0) CHECK_CUDA(matmul_wgmma(p, 0, ws));
+      if (which == 1) CHECK_CUDA(whole_tiles());
+      if (which == 2) cublas_run();
+      CHECK_CUDA(cudaEventRecord(e1));
+      CHECK_CUDA(cudaEventSynchronize(e1));
+      float t;
+      CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+      return t;
     };
-    // Alternate the two so clock drift hits both.
-    float t_ours = 0, t_cublas = 0;
-    for (int round = 0; round < 2; ++round) {
-      t_ours += time_it([&] { CHECK_CUDA(matmul_wgmma(p, 0)); });
-      t_cublas += time_it(cublas_run);
+    for (int i = 0; i < 3; ++i) one(0), one(1), one(2);
+    for (int round = 0; round < 40; ++round) {
+      for (int j = 0; j < 3; ++j) {
+        const int which = (round + j) % 3;
+        ms[which].push_back(one(which));
+      }
     }
+    auto median = [](std::vector<float> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    const float t_sk = median(ms[0]), t_whole = median(ms[1]), t_cublas = median(ms[2]);
     const double flop = 2.0 * m * n * k * batch;
-    std::printf("      time: wgmma %.3f ms %.1f TFLOP/s | cuBLAS %.3f ms %.1f TFLOP/s | ratio %.3f\n", t_ours / 2,
-                flop / (t_ours / 2 * 1e9), t_cublas / 2, flop / (t_cublas / 2 * 1e9), t_cublas / t_ours);
+    auto tf = [&](float t) { return flop / (t * 1e9); };
+    std::printf(
+        "      time: wgmma %.3f ms %.1f TFLOP/s, whole tiles %.3f ms %.1f | cuBLAS %.3f ms %.1f TFLOP/s | ratio %.3f "
+        "(whole tiles %.3f)\n",
+        t_sk, tf(t_sk), t_whole, tf(t_whole), t_cublas, tf(t_cublas), t_cublas / t_sk, t_cublas / t_whole);
   }
+  if (ws) cudaFree(ws);
   cudaFree(a), cudaFree(b), cudaFree(c), cudaFree(cb), cudaFree(a64), cudaFree(b64), cudaFree(ref), cudaFree(acc);
   if (bias) cudaFree(bias);
 }
@@ -233,6 +271,7 @@ void run_case(cublasHandle_t h, const Case& cs, bool integers) {
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const bool profile = argc > 1 && std::strcmp(argv[1], "--profile") == 0;  // one bf16 4096^3 product, for ncu
+  const bool linear = argc > 1 && std::strcmp(argv[1], "--linear") == 0;
   cublasHandle_t h;
   CHECK_CUBLAS(cublasCreate(&h));
   cudaDeviceProp prop;
@@ -249,6 +288,14 @@ int main(int argc, char** argv) {
       cases.push_back({dt, 300, 520, 1000, 3, ak, bk, false, false, false});
       cases.push_back({dt, 300, 520, 1000, 3, ak, bk, true, false, false});
       cases.push_back({dt, 129, 257, 72, 1, ak, bk, false, false, true});
+      // Few tiles and a long k (stream-K over every tile), batched and broadcast, and with the epilogue.
+      cases.push_back({dt, 300, 520, 4000, 1, ak, bk, false, false, false});
+      cases.push_back({dt, 200, 300, 2000, 3, ak, bk, true, false, false});
+      cases.push_back({dt, 129, 700, 3000, 1, ak, bk, false, false, true});
+      // Three tile-rows, batched and broadcast.
+      cases.push_back({dt, 300, 520, 200, 3, ak, bk, false, false, false});
+      cases.push_back({dt, 300, 520, 200, 3, ak, bk, true, false, false});
+      cases.push_back({dt, 300, 700, 100, 1, ak, bk, false, false, true});
       cases.push_back({dt, 4096, 4096, 4096, 1, ak, bk, false, !quick || (ak && !bk), false});
       if (!quick && ak && !bk) cases.push_back({dt, 8192, 8192, 8192, 1, ak, bk, false, true, false});
       if (!quick && ak && bk) cases.push_back({dt, 8192, 4096, 4096, 1, ak, bk, false, true, false});
@@ -256,6 +303,23 @@ int main(int argc, char** argv) {
     }
   }
   if (profile) cases = {{"bf16", 4096, 4096, 4096, 1, true, false, false, false, false}};
+  // Linear 8192 x 4096 -> 4096: forward (x K-major, weight K-major, + bias + relu), grad_input (grad_z K-major,
+  // weight N-major), grad_weight (grad_z^T M-major, x N-major), and the forward without the epilogue.
+  if (linear) {
+    cases = {{"bf16", 8192, 4096, 4096, 1, true, true, false, true, true},
+             {"bf16", 8192, 4096, 4096, 1, true, true, false, true, false},
+             {"bf16", 8192, 4096, 4096, 1, true, false, false, true, false},
+             {"bf16", 4096, 4096, 8192, 1, false, false, false, true, false},
+             {"bf16", 4096, 4096, 4096, 1, true, false, false, true, false},
+             {"bf16", 2048, 2048, 2048, 1, true, false, false, true, false},
+             {"bf16", 1024, 1024, 8192, 1, true, false, false, true, false},
+             {"bf16", 512, 512, 512, 1, true, false, false, true, false},
+             {"bf16", 4096, 784, 256, 1, true, false, false, true, false},
+             {"bf16", 2048, 8192, 2048, 1, true, false, false, true, false},
+             // k = 2048 and 8192 beside the forward's 4096: time = fixed cost per tile + k-steps x time per k-step
+             {"bf16", 8192, 4096, 2048, 1, true, true, false, true, false},
+             {"bf16", 8192, 4096, 8192, 1, true, true, false, true, false}};
+  }
   for (const Case& cs : cases) {
     const bool integers = cs.m < 4096 && !cs.bias_relu;  // small integer values: exact in float accumulation
     if (std::strcmp(cs.dtype, "bf16") == 0) run_case<__nv_bfloat16>(h, cs, false);
