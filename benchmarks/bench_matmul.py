@@ -156,20 +156,7 @@ class Runner:
             return None
         warmup, reps = budget_reps(est, self.args.seconds, self.args.min_reps, self.args.max_reps)
         t = time_fn(fn, device, warmup=warmup, reps=reps)
-        w.timing(op, provider, mode, shape, dtype, t)
-        if flops:
-            w.row(
-                op,
-                provider,
-                mode,
-                shape,
-                dtype,
-                "throughput",
-                "TFLOP/s",
-                flops / t.p50 / 1e6,
-                flops / t.p80 / 1e6,
-                flops / t.p20 / 1e6,
-            )
+        w.timing(op, provider, mode, shape, dtype, t, flops=flops)
         return t, out
 
     def unsupported(self, op, provider, mode, shape, dtype, why, writer=None):
@@ -266,11 +253,7 @@ class Runner:
             est = max(time_once(fn, self.device)[0] for fn in fns.values())
             warmup, reps = budget_reps(est * len(fns), self.args.seconds, self.args.min_reps, self.args.max_reps)
             for provider, t in zip(fns, time_interleaved(list(fns.values()), self.device, warmup=warmup, reps=reps)):
-                self.w.timing(op, provider, mode, shape, label, t)
-                self.w.row(
-                    op, provider, mode, shape, label, "throughput", "TFLOP/s", flops / t.p50 / 1e6, flops / t.p80 / 1e6,
-                    flops / t.p20 / 1e6,
-                )  # fmt: skip
+                self.w.timing(op, provider, mode, shape, label, t, flops=flops)
         if self.args.gpu_time and self.left() > 10:
             for provider, step in steps.items():
                 t = device_time_fn(step, self.device, warmup=1, reps=5)

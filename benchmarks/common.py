@@ -210,22 +210,14 @@ class CsvWriter:
     def device_time(self, op, provider, mode, shape, dtype, t: Timing):
         self.row(op, provider, mode, shape, dtype, "gpu_time", "us", t.p50, t.p20, t.p80)
 
-    def timing(self, op, provider, mode, shape, dtype, t: Timing, nbytes: int = 0):
-        """A time row, and a bandwidth row when the bytes moved are given (p20 of bandwidth from p80 of time)."""
+    def timing(self, op, provider, mode, shape, dtype, t: Timing, nbytes: int = 0, flops: float = 0):
+        """A time row, and a rate row for each of the bytes moved (GB/s) and the flops done (TFLOP/s) that is given;
+        a rate's p20 comes from the time's p80."""
         self.row(op, provider, mode, shape, dtype, "time", "us", t.p50, t.p20, t.p80)
-        if nbytes:
-            self.row(
-                op,
-                provider,
-                mode,
-                shape,
-                dtype,
-                "bandwidth",
-                "GB/s",
-                nbytes / t.p50 / 1e3,
-                nbytes / t.p80 / 1e3,
-                nbytes / t.p20 / 1e3,
-            )
+        for amount, metric, unit, scale in ((nbytes, "bandwidth", "GB/s", 1e3), (flops, "throughput", "TFLOP/s", 1e6)):
+            if amount:
+                rate = amount / scale
+                self.row(op, provider, mode, shape, dtype, metric, unit, rate / t.p50, rate / t.p80, rate / t.p20)
 
     def close(self):
         self._file.close()
