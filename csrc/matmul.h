@@ -35,14 +35,10 @@ inline MatmulActivation parse_activation(std::string_view op, std::string_view n
                     "'");
 }
 
-// The CUDA ladder's kernel names (cuda_ops::matmul_kernel_name, in cuda_ops::MatmulKernel's order), for messages
-// on either backend.
-inline constexpr const char* kCudaMatmulKernelNames[] = {
-    "naive", "smem_tiled", "register_blocked", "vectorized", "warp_tiled", "mma_sync", "wgmma"};
-
+// The CUDA ladder's kernel names (cuda_ops/matmul_args.h), for messages on either backend.
 inline std::string cuda_matmul_kernel_list() {
   std::string out;
-  for (const char* name : kCudaMatmulKernelNames) out += std::string(out.empty() ? "" : ", ") + "'" + name + "'";
+  for (const char* name : cuda_ops::kMatmulKernelNames) out += std::string(out.empty() ? "" : ", ") + "'" + name + "'";
   return out;
 }
 
@@ -258,14 +254,14 @@ inline void check_linear_backward_args(std::string_view op, const at::Tensor& gr
   if (act == MatmulActivation::relu) {
     check_same_device(op, input, "input", out, "out");
     check_same_dtype(op, input, "input", out, "out");
-    TORCH_CHECK_VALUE(out.sizes() == shape, op, ": `out` must be the forward's output of shape ",
-                      shape, " (relu differentiates from it), got ", out.sizes());
+    TORCH_CHECK_VALUE(out.sizes() == shape, op, ": `out` must be the forward's output of shape ", shape,
+                      " (relu differentiates from it), got ", out.sizes());
   }
   if (activation_saves_preactivation(act)) {
     check_same_device(op, input, "input", saved, "saved");
     check_same_dtype(op, input, "input", saved, "saved");
-    TORCH_CHECK_VALUE(saved.sizes() == shape, op,
-                      ": `saved` must be the forward's pre-activation of shape ", shape, ", got ", saved.sizes());
+    TORCH_CHECK_VALUE(saved.sizes() == shape, op, ": `saved` must be the forward's pre-activation of shape ", shape,
+                      ", got ", saved.sizes());
   }
 }
 

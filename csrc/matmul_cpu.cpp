@@ -490,7 +490,7 @@ void run_plan(const MatmulPlan& plan, const at::Tensor& a, const at::Tensor& b, 
 void check_cpu_kernel(std::string_view op, const std::optional<c10::string_view>& kernel) {
   if (!kernel.has_value() || *kernel == "cpu") return;
   const std::string_view name(kernel->data(), kernel->size());
-  for (const char* cuda_name : kCudaMatmulKernelNames) {
+  for (const char* cuda_name : cuda_ops::kMatmulKernelNames) {
     TORCH_CHECK_VALUE(name != cuda_name, op, ": kernel '", name,
                       "' runs on CUDA tensors; CPU tensors take kernel=None or 'cpu'");
   }

@@ -18,7 +18,6 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/library.h>
 
-#include <iterator>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -34,9 +33,6 @@ namespace torchext {
 namespace {
 
 using cuda_ops::MatmulKernel;
-
-static_assert(static_cast<size_t>(MatmulKernel::count) == std::size(kCudaMatmulKernelNames),
-              "kCudaMatmulKernelNames must name every cuda_ops::MatmulKernel");
 
 // The kernel named by `kernel`, or nullopt for the engine's default choice.
 std::optional<MatmulKernel> parse_kernel(std::string_view op, const std::optional<c10::string_view>& kernel) {

@@ -27,40 +27,6 @@
 
 namespace torchext::cuda_ops {
 
-enum class MatmulKernel : int {
-  naive = 0,         // v1: one thread per output element, operands straight from global memory
-  smem_tiled,        // v2: square tiles of A and B staged through shared memory
-  register_blocked,  // v3: each thread computes a small tile of C in registers
-  vectorized,        // v4: 16-byte loads, transposed/padded shared memory, double buffering
-  warp_tiled,        // v5: warp-level tiling with tuned block shapes
-  mma_sync,          // tensor cores through mma.sync (sm_80+)
-  wgmma,             // tensor cores through wgmma + TMA (sm_90a)
-  count
-};
-
-// Name used by the op's `kernel=` argument and the benchmarks ("naive", "smem_tiled", ...). Inline, so that a
-// standalone check (benchmarks/simt_check.cu) that links one kernel family has it too.
-inline const char* matmul_kernel_name(MatmulKernel kernel) {
-  switch (kernel) {
-    case MatmulKernel::naive:
-      return "naive";
-    case MatmulKernel::smem_tiled:
-      return "smem_tiled";
-    case MatmulKernel::register_blocked:
-      return "register_blocked";
-    case MatmulKernel::vectorized:
-      return "vectorized";
-    case MatmulKernel::warp_tiled:
-      return "warp_tiled";
-    case MatmulKernel::mma_sync:
-      return "mma_sync";
-    case MatmulKernel::wgmma:
-      return "wgmma";
-    default:
-      return "unknown";
-  }
-}
-
 // Whether `kernel` can run `args` on the current device: dtype, architecture, tf32 permission, and the
 // alignment and stride rules of its loads. `why`, when given, receives a short reason on false.
 template <typename T>

@@ -11,6 +11,28 @@ namespace torchext::cuda_ops {
 
 enum class Activation : int { none = 0, relu, gelu, gelu_tanh, silu };
 
+// The versions of the CUDA ladder (cuda_ops/matmul.cuh); the CPU side names them in messages too.
+enum class MatmulKernel : int {
+  naive = 0,         // v1: one thread per output element, operands straight from global memory
+  smem_tiled,        // v2: square tiles of A and B staged through shared memory
+  register_blocked,  // v3: each thread computes a small tile of C in registers
+  vectorized,        // v4: 16-byte loads, transposed/padded shared memory, double buffering
+  warp_tiled,        // v5: warp-level tiling with tuned block shapes
+  mma_sync,          // tensor cores through mma.sync (sm_80+)
+  wgmma,             // tensor cores through wgmma + TMA (sm_90a)
+  count
+};
+
+// Names used by the op's `kernel=` argument and the benchmarks, in MatmulKernel's order.
+inline constexpr const char* kMatmulKernelNames[] = {
+    "naive", "smem_tiled", "register_blocked", "vectorized", "warp_tiled", "mma_sync", "wgmma"};
+static_assert(sizeof(kMatmulKernelNames) / sizeof(kMatmulKernelNames[0]) == static_cast<int>(MatmulKernel::count));
+
+inline const char* matmul_kernel_name(MatmulKernel kernel) {
+  const int i = static_cast<int>(kernel);
+  return i >= 0 && i < static_cast<int>(MatmulKernel::count) ? kMatmulKernelNames[i] : "unknown";
+}
+
 template <typename T>
 struct MatmulArgs {
   int64_t m = 0, n = 0, k = 0, batch = 1;

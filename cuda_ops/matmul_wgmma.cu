@@ -774,15 +774,14 @@ cudaError_t launch(const MatmulArgs<T>& a, const OperandPlan& pa, const OperandP
                    void* workspace) {
   constexpr int bk = kBK<T>;
   const bool a_batched = a.a_bs != 0 && a.batch > 1, b_batched = a.b_bs != 0 && a.batch > 1;
-  const int64_t tiles_m = (a.m + kBM - 1) / kBM, tiles_n = (a.n + kBN - 1) / kBN, k_tiles = (a.k + bk - 1) / bk;
-  const int64_t total = tiles_m * tiles_n * a.batch;
+  const int64_t total = ((a.m + kBM - 1) / kBM) * ((a.n + kBN - 1) / kBN) * a.batch;
   if (total >= (int64_t(1) << 31)) return cudaErrorNotSupported;
   cudaError_t err;
 
   auto kernel = matmul_wgmma_kernel<T, kAKMajor, kBKMajor>;
   static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (attr != cudaSuccess) return attr;
-  const Schedule sched = plan_schedule(tiles_m, tiles_n, a.batch, k_tiles, sm_count(), workspace != nullptr);
+  const Schedule sched = schedule_for(a, workspace != nullptr);
 
   CUtensorMap map_a, map_b;
   std::memset(&map_a, 0, sizeof(map_a));
