@@ -1,6 +1,8 @@
 // The epilogue every matmul kernel applies to its accumulators (cuda_ops/matmul.cuh): z = acc + bias[j], then
 // C = act(z), with z also stored to aux when asked. One definition, so every version of the ladder computes the
-// same function, and the activation math is the one the standalone activation kernels use.
+// same function, and the activation math is the one the standalone activation kernels use. (One difference: wgmma
+// applies gelu, gelu_tanh and silu to z as stored, rounded to the output dtype, like PyTorch's Linear followed by
+// the activation; see its epilogue in cuda_ops/matmul_wgmma.cu.)
 #pragma once
 
 #include "activation_math.h"

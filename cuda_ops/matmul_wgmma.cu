@@ -32,6 +32,7 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
 
 #include "matmul.cuh"
 #include "matmul_epilogue.cuh"
@@ -154,6 +155,20 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// Epilogue stores into the staging buffer, through 32-bit shared addresses (a generic pointer made the compiler
+// emit 64-bit ST.E with 64-bit address arithmetic).
+// stmatrix: four 8 x 8 matrices of 16-bit values, each register of each lane holding its piece in the mma
+// fragment layout (row lane / 4, columns 2 (lane % 4) and + 1), which is the accumulators' layout; lane l gives
+// the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+__device__ __forceinline__ void st_shared_v2(uint32_t addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
 }
 
 // Keeps the compiler from moving accumulator reads or writes across wgmma's asynchronous accesses.
@@ -325,15 +340,125 @@ __host__ __device__ inline Work work_unit(const Schedule& s, int blk, int grid, 
 // It touches no memory, so the calls do not wait on each other.
 __device__ __noinline__ float activation_out_of_line(float z, Activation act) { return apply_activation(z, act); }
 
-// Four at a time (one accumulator group of the TMA-store epilogue): four independent evaluations per call.
+// One accumulator group of the TMA-store epilogue: row r, columns c and c + 1, then row r + 8, the same columns.
 struct Float4 {
   float v[4];
 };
-__device__ __noinline__ Float4 activation_out_of_line(Float4 z, Activation act) {
+
+// The TMA-store epilogue's staging buffer, per consumer: 64 rows (the consumer's) x kChunkCols columns, as boxes of
+// 64 rows x 128 bytes, each row's 16-byte units swizzled by XOR with row % 8 (TMA's 128-byte swizzle).
+template <typename T>
+constexpr int kBoxCols = kRowBytes / int(sizeof(T));  // 64 halves or 32 floats
+template <typename T>
+constexpr int kChunkCols = kStagingBytes / (64 * int(sizeof(T)));  // 128 halves or 64 floats
+constexpr int kBoxBytes = 64 * kRowBytes;
+
+// Which activation the epilogue applies on its way from the accumulators to the staging (the others are applied
+// to the staging, activate_staging).
+enum class EpilogueAct { none, relu };
+template <EpilogueAct A>
+using EpilogueActC = std::integral_constant<EpilogueAct, A>;
+
+#if defined(TORCHEXT_WGMMA_DEVICE)
+// A lane's staging addresses for the four pairs of accumulator groups of a box (16-bit) or the four groups of a box
+// (float); the box and, for float, the second row are constant offsets.
+struct StagingLane {
+  uint32_t addr[4];
+};
+
+template <typename T>
+__device__ __forceinline__ StagingLane staging_lane_for(uint32_t base, int warp, int lane) {
+  StagingLane s;
+  if constexpr (sizeof(T) == 2) {
+    // stmatrix x4 of groups (jj, jj + 1): matrices (jj, rows 0-7), (jj, rows 8-15), (jj + 1, 0-7), (jj + 1, 8-15)
+    // of the warp's 16 rows. Lane l addresses row l % 8 of matrix l / 8: row 16 warp + 8 ((l / 8) % 2) + l % 8,
+    // 16-byte unit jj % 8 + l / 16, stored at unit ^ (row % 8) = (jj % 8) ^ (l / 16) ^ (l % 8) (jj is even).
+    const int row = warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+    const int y = (lane >> 4) ^ (lane & 7);
 #pragma unroll
-  for (int e = 0; e < 4; ++e) z.v[e] = apply_activation(z.v[e], act);
-  return z;
+    for (int k = 0; k < 4; ++k) s.addr[k] = base + row * kRowBytes + (((2 * k) ^ y) << 4);
+  } else {
+    // Group j' of a box (8 columns = 32 bytes): this lane's pair at byte 32 j' + 8 (lane % 4) of rows
+    // 16 warp + lane / 4 (and + 8): unit 2 j' + (lane % 4) / 2, stored at unit ^ (row % 8), + 8 (lane % 2).
+    const int row = warp * 16 + (lane >> 2);
+    const int y = ((lane >> 1) & 1) ^ (row & 7);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) s.addr[k] = base + row * kRowBytes + (((2 * k) ^ y) << 4) + (lane & 1) * 8;
+  }
+  return s;
 }
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack_pair(float a, float b) {
+  const Vec<T, 2> v{{T(a), T(b)}};
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  return u;
+}
+
+// Accumulator groups jj and jj + 1 (jj even, counted within the chunk; z.v = row r: columns c, c + 1, then row
+// r + 8: the same columns) into the staging buffer.
+template <typename T>
+__device__ __forceinline__ void staging_store_pairs(const StagingLane& s, int jj, const Float4& z0, const Float4& z1) {
+  if constexpr (sizeof(T) == 2) {
+    const uint32_t addr = s.addr[(jj % 8) / 2] + (jj / 8) * kBoxBytes;
+    stmatrix_x4(addr, pack_pair<T>(z0.v[0], z0.v[1]), pack_pair<T>(z0.v[2], z0.v[3]), pack_pair<T>(z1.v[0], z1.v[1]),
+                pack_pair<T>(z1.v[2], z1.v[3]));
+  } else {
+    const uint32_t box = (jj / 4) * kBoxBytes;
+    const uint32_t a0 = s.addr[jj % 4] + box, a1 = s.addr[(jj + 1) % 4] + box;
+    st_shared_v2(a0, z0.v[0], z0.v[1]);
+    st_shared_v2(a0 + 8 * kRowBytes, z0.v[2], z0.v[3]);
+    st_shared_v2(a1, z1.v[0], z1.v[1]);
+    st_shared_v2(a1 + 8 * kRowBytes, z1.v[2], z1.v[3]);
+  }
+}
+
+// act(z) in place over a consumer's staging buffer (kStagingBytes at `base`), 16 bytes per thread and step,
+// consecutive threads on consecutive 16-byte units (conflict-free; the swizzle does not matter to an elementwise
+// map). The loop is kept rolled: the erf / tanh / exp code is there once per activation.
+template <typename T, Activation A>
+__device__ __forceinline__ void activate_staging_as(uint32_t base, int tid) {
+#pragma unroll 1
+  for (int u = tid; u < kStagingBytes / 16; u += 128) {
+    const uint32_t addr = base + u * 16;
+    uint32_t w[4];
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "r"(addr)
+                 : "memory");
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (sizeof(T) == 2) {
+        Vec<T, 2> v;
+        std::memcpy(&v, &w[i], 4);
+        w[i] = pack_pair<T>(apply_activation(static_cast<float>(v.v[0]), A),
+                            apply_activation(static_cast<float>(v.v[1]), A));
+      } else {
+        w[i] = __float_as_uint(apply_activation(__uint_as_float(w[i]), A));
+      }
+    }
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                 : "memory");
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void activate_staging(uint32_t base, int tid, Activation act) {
+  switch (act) {
+    case Activation::relu:
+      return activate_staging_as<T, Activation::relu>(base, tid);
+    case Activation::gelu:
+      return activate_staging_as<T, Activation::gelu>(base, tid);
+    case Activation::gelu_tanh:
+      return activate_staging_as<T, Activation::gelu_tanh>(base, tid);
+    case Activation::silu:
+      return activate_staging_as<T, Activation::silu>(base, tid);
+    default:
+      return;
+  }
+}
+#endif  // TORCHEXT_WGMMA_DEVICE
 
 // Output columns j and j + 1 of row i: z = acc + bias (b0, b1: 0 without bias), z to aux, act(z) to C.
 template <typename T>
@@ -459,6 +584,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     constexpr uint32_t kDescHi = smem_desc_hi(1024);
     constexpr int kStepBytesA = kAKMajor ? Mma::kK * int(sizeof(T)) : Mma::kK * kRowBytes;
     constexpr int kStepBytesB = kBKMajor ? Mma::kK * int(sizeof(T)) : Mma::kK * kRowBytes;
+    uint8_t* staging = staging_base + consumer * kStagingBytes;  // the TMA-store epilogue's buffer
+    const StagingLane staging_lane = staging_lane_for<T>(smem_addr(staging), warp, lane);
     int stage = 0, prev_stage = 0;
     uint32_t phase = 0;
     for (int u = 0; u < units; ++u) {
@@ -531,83 +658,102 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Accumulator layout of m64nNk16: warp w holds rows 16w + lane/4 and 16w + lane/4 + 8; register 4j + e
       // holds column 8j + 2 (lane % 4) + (e & 1), the second row for e >= 2. Column pair 4j + lane % 4 of the
       // tile is bias pair j / 8 of lane 4 (j % 8) + lane % 4.
+      // Only called with a bias.
       auto bias_pair = [&](int j) {
-        float2 v{0.f, 0.f};
-        if (p.bias != nullptr) {
-          const int src = 4 * (j % 8) + lane % 4;
-          if constexpr (kWords == 1) {
-            const uint32_t bits = __shfl_sync(0xffffffffu, bias_pairs[j / 8][0], src);
-            Vec<T, 2> pair;
-            std::memcpy(&pair, &bits, 4);
-            v.x = static_cast<float>(pair.v[0]), v.y = static_cast<float>(pair.v[1]);
-          } else {
-            v.x = __uint_as_float(__shfl_sync(0xffffffffu, bias_pairs[j / 8][0], src));
-            v.y = __uint_as_float(__shfl_sync(0xffffffffu, bias_pairs[j / 8][1], src));
-          }
+        float2 v;
+        const int src = 4 * (j % 8) + lane % 4;
+        if constexpr (kWords == 1) {
+          const uint32_t bits = __shfl_sync(0xffffffffu, bias_pairs[j / 8][0], src);
+          Vec<T, 2> pair;
+          std::memcpy(&pair, &bits, 4);
+          v.x = static_cast<float>(pair.v[0]), v.y = static_cast<float>(pair.v[1]);
+        } else {
+          v.x = __uint_as_float(__shfl_sync(0xffffffffu, bias_pairs[j / 8][0], src));
+          v.y = __uint_as_float(__shfl_sync(0xffffffffu, bias_pairs[j / 8][1], src));
         }
         return v;
       };
       const int64_t row = int64_t(tc.tm) * kBM + consumer * 64 + warp * 16 + lane / 4;
       if (tma_store) {
-        // Through shared memory and the copy engine: each thread writes its pairs into a 128-byte-swizzled staging
-        // buffer (conflict-free), one thread stores it with TMA, and the warpgroup goes back to the main loop while
-        // the copy drains. Chunks of kChunkCols columns, each two boxes of 64 rows x 128 bytes.
-        constexpr int kBoxCols = kRowBytes / int(sizeof(T));               // 64 halves or 32 floats
-        constexpr int kChunkCols = kStagingBytes / (64 * int(sizeof(T)));  // 128 halves or 64 floats
-        uint8_t* staging = staging_base + consumer * kStagingBytes;
-        const int r0 = warp * 16 + lane / 4;  // row within this consumer's 64
-        // With aux (the pre-activation z that gelu / silu backward reads), each chunk goes out twice: z to aux,
-        // then act(z) to C.
-        const int passes = p.aux != nullptr ? 2 : 1;
+        // Through shared memory and the copy engine: the warpgroup writes its 64 rows into a 128-byte-swizzled
+        // staging buffer (conflict-free), one thread stores it with TMA, and the warpgroup goes back to the main
+        // loop while the copy drains. Chunks of kChunkCols<T> columns, each two boxes of 64 rows x 128 bytes.
+        //   - No aux and no activation or relu: act(z) goes to the staging straight from the accumulators. Whether
+        //     there is a bias and which of the two applies is decided once per chunk: the code of each case is
+        //     straight-line (an earlier version tested them per accumulator group, ~35 instructions per 8 columns
+        //     where the plain GEMM needs 3).
+        //   - Otherwise z goes to the staging (and from there to aux, the pre-activation that gelu / silu
+        //     backward reads), then the warpgroup applies the activation to the staging in place, 16 bytes per
+        //     thread and step, in a loop that is not unrolled. The activation then reads z rounded to T, as
+        //     PyTorch's Linear followed by the activation does. Applied to the accumulators instead, through an
+        //     out-of-line call per 4 values (inlined, erf / tanh / exp made the kernel half a megabyte), it took
+        //     twice the instructions, and z was written to the staging twice.
+        const bool staged_act = p.aux != nullptr || (p.act != Activation::none && p.act != Activation::relu);
 #pragma unroll
-        for (int q = 0; q < kBN / kChunkCols; ++q) {
-          for (int pass = 0; pass < passes; ++pass) {
-            const bool activate = pass == passes - 1;
-            if (tid == 0) tma_store_wait_read();  // the previous chunk's copy is done reading the buffer
-            consumer_sync(consumer);
-#pragma unroll
-            for (int jj = 0; jj < kChunkCols / 8; ++jj) {
-              const int j = q * (kChunkCols / 8) + jj;
-              const int jt = 8 * j + 2 * (lane % 4);  // column within the tile
-              const int cc = jt - q * kChunkCols;     // column within the chunk
-              const int box = cc / kBoxCols, cb = cc % kBoxCols;
-              const float2 bj = bias_pair(j);
-              Float4 z{{d[4 * j] + bj.x, d[4 * j + 1] + bj.y, d[4 * j + 2] + bj.x, d[4 * j + 3] + bj.y}};
-              if (activate) {
-                if (p.act == Activation::relu) {
-#pragma unroll
-                  for (int e = 0; e < 4; ++e) z.v[e] = math::relu_forward(z.v[e]);
-                } else if (p.act != Activation::none) {
-                  z = activation_out_of_line(z, p.act);
-                }
+        for (int q = 0; q < kBN / kChunkCols<T>; ++q) {
+          if (tid == 0) tma_store_wait_read();  // the previous chunk's copy is done reading the buffer
+          consumer_sync(consumer);
+          auto write = [&](auto kind, auto has_bias) {
+            constexpr EpilogueAct kAct = decltype(kind)::value;
+            constexpr bool kBias = decltype(has_bias)::value;
+            // z = acc + bias, and relu, for accumulator group j (columns 8j .. 8j + 7 of the tile).
+            auto group = [&](int j) {
+              Float4 z{{d[4 * j], d[4 * j + 1], d[4 * j + 2], d[4 * j + 3]}};
+              if constexpr (kBias) {
+                const float2 bj = bias_pair(j);
+                z.v[0] += bj.x, z.v[1] += bj.y, z.v[2] += bj.x, z.v[3] += bj.y;
               }
+              if constexpr (kAct == EpilogueAct::relu) {
 #pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const int r = r0 + 8 * h;
-                const int byte = cb * int(sizeof(T));
-                uint8_t* dst =
-                    staging + box * (64 * kRowBytes) + r * kRowBytes + (((byte / 16) ^ (r % 8)) * 16) + byte % 16;
-                *reinterpret_cast<Vec<T, 2>*>(dst) = Vec<T, 2>{{T(z.v[2 * h]), T(z.v[2 * h + 1])}};
+                for (int e = 0; e < 4; ++e) z.v[e] = math::relu_forward(z.v[e]);
               }
+              return z;
+            };
+#pragma unroll
+            for (int jj = 0; jj < kChunkCols<T> / 8; jj += 2) {
+              const int j = q * (kChunkCols<T> / 8) + jj;
+              staging_store_pairs<T>(staging_lane, jj, group(j), group(j + 1));
             }
-            fence_proxy_async();
-            consumer_sync(consumer);
-            if (tid == 0) {
-              const CUtensorMap* map = activate ? &map_c : &map_aux;
+          };
+          const bool bias = p.bias != nullptr;
+          if (staged_act || p.act == Activation::none) {
+            bias ? write(EpilogueActC<EpilogueAct::none>{}, std::true_type{})
+                 : write(EpilogueActC<EpilogueAct::none>{}, std::false_type{});
+          } else {
+            bias ? write(EpilogueActC<EpilogueAct::relu>{}, std::true_type{})
+                 : write(EpilogueActC<EpilogueAct::relu>{}, std::false_type{});
+          }
+          fence_proxy_async();
+          consumer_sync(consumer);
+          auto store = [&](const CUtensorMap* map) {
 #pragma unroll
-              for (int box = 0; box < kChunkCols / kBoxCols; ++box) {
-                tma_store_3d(map, staging + box * (64 * kRowBytes), tc.tn * kBN + q * kChunkCols + box * kBoxCols,
-                             tc.tm * kBM + consumer * 64, tc.b);
+            for (int box = 0; box < kChunkCols<T> / kBoxCols<T>; ++box) {
+              tma_store_3d(map, staging + box * kBoxBytes, tc.tn * kBN + q * kChunkCols<T> + box * kBoxCols<T>,
+                           tc.tm * kBM + consumer * 64, tc.b);
+            }
+            tma_store_commit();
+          };
+          if (staged_act) {
+            if (p.aux != nullptr) {
+              if (tid == 0) {
+                store(&map_aux);
+                tma_store_wait_read();
               }
-              tma_store_commit();
+              consumer_sync(consumer);
+            }
+            if (p.act != Activation::none) {
+              activate_staging<T>(smem_addr(staging), tid, p.act);
+              fence_proxy_async();
+              consumer_sync(consumer);
             }
           }
+          if (tid == 0) store(&map_c);
         }
       } else {
 #pragma unroll
         for (int j = 0; j < kBN / 8; ++j) {
           const int64_t col = col0 + 8 * j + 2 * (lane % 4);
-          const float2 bj = bias_pair(j);
+          const float2 bj = p.bias != nullptr ? bias_pair(j) : float2{0.f, 0.f};
           store_pair(p, pair_aligned != 0, tc.b, row, col, bj.x, bj.y, d[4 * j], d[4 * j + 1]);
           store_pair(p, pair_aligned != 0, tc.b, row + 8, col, bj.x, bj.y, d[4 * j + 2], d[4 * j + 3]);
         }
