@@ -27,12 +27,15 @@ What is measured (op, provider, mode, shape, dtype as in the CSV):
                    says 'cpu (...)'. With a GPU, the 1024 float32 default-kernel row of the ladder is the CPU-vs-GPU
                    comparison.
 
-Timing: benchmarks/common.py's timer (CUDA events, L2 flushed before every call, median and p20/p80). The repeats
-are capped by time: one timed call first (warm-up and estimate), then as many repeats as fit in --seconds (at
-least 5, at most --max-reps); a call slower than 0.2 s gets 2 repeats. A configuration whose predicted call time
-(from the same kernel's largest measured size, scaled by the flops) exceeds --max-call, or that would not finish
-before --budget seconds of wall time, is skipped and says so in the CSV. The order puts the targets first (the
-4096 ladder and its layouts, the Linear table), then CPU, then the other sizes, so a tight budget cuts the tail.
+Timing: benchmarks/common.py's timers (CUDA events, L2 flushed before every call, median and p20/p80). Where a ratio
+is the result, the providers are timed side by side (time_interleaved: each repeat calls each once, in a rotating
+order): the Linear table's two layers, and in the ladder cuBLAS with every kernel within 4x of its time (the slower
+kernels are timed alone). The repeats are capped by time: one timed call first (warm-up and estimate), then as many
+repeats as fit in --seconds (at least 5, at most --max-reps); a call slower than 0.2 s gets 2 repeats. A
+configuration whose predicted call time (from the same kernel's largest measured size, scaled by the flops) exceeds
+--max-call, or that would not finish before --budget seconds of wall time, is skipped and says so in the CSV. The
+order puts the targets first (the 4096 ladder and its layouts, the Linear table), then CPU, then the other sizes, so
+a tight budget cuts the tail.
 
 Napkin math (H200 SXM: ~67 TFLOP/s FP32 CUDA cores, ~495 TF32 and ~990 BF16/FP16 dense tensor-core TFLOP/s;
 cuBLAS reaches ~50 FP32, ~350-400 TF32, ~700 BF16/FP16 at 4096-8192): 8192^3 is 1.1 TFLOP, 1 s at 1 TFLOP/s (naive),
@@ -77,6 +80,7 @@ LINEAR_CASES = [  # (M, K, N, activations)
     (4096, 784, 256, ("relu",)),
 ]
 TORCH_ACT = {"relu": F.relu, "gelu": F.gelu}
+LADDER_SIDE_BY_SIDE = 4.0  # kernels within this factor of cuBLAS's time are timed interleaved with it
 
 
 def has_op(name: str) -> bool:
@@ -129,8 +133,9 @@ class Runner:
         f0, us0 = self.est[key]
         return us0 * flops / f0
 
-    def measure(self, op, provider, mode, shape, dtype, fn, device=None, flops=0, key=None, writer=None):
-        """Times fn with the budgeted timer and writes its rows; returns (Timing, first result) or None if skipped."""
+    def estimate(self, op, provider, mode, shape, dtype, fn, device=None, flops=0, key=None, writer=None):
+        """One timed call of fn (warm-up and estimate), unless the budget rules it out: (us, first result), or None
+        with a 'skipped' row written."""
         w, device = writer or self.w, device or self.device
         predicted = self.predict(key, flops) if key is not None else None
         if predicted is not None:
@@ -154,9 +159,18 @@ class Runner:
             log(f"  skip {op} {provider} {mode} {shape} {dtype}: one call took {est / 1e3:.1f} ms")
             w.row(op, provider, mode, shape, dtype, "skipped", "us", est, est, est)
             return None
+        return est, out
+
+    def measure(self, op, provider, mode, shape, dtype, fn, device=None, flops=0, key=None, writer=None):
+        """Times fn alone with the budgeted timer and writes its rows; returns (Timing, first result) or None if
+        skipped."""
+        res = self.estimate(op, provider, mode, shape, dtype, fn, device, flops, key, writer)
+        if res is None:
+            return None
+        est, out = res
         warmup, reps = budget_reps(est, self.args.seconds, self.args.min_reps, self.args.max_reps)
-        t = time_fn(fn, device, warmup=warmup, reps=reps)
-        w.timing(op, provider, mode, shape, dtype, t, flops=flops)
+        t = time_fn(fn, device or self.device, warmup=warmup, reps=reps)
+        (writer or self.w).timing(op, provider, mode, shape, dtype, t, flops=flops)
         return t, out
 
     def unsupported(self, op, provider, mode, shape, dtype, why, writer=None):
@@ -165,23 +179,17 @@ class Runner:
 
     # -- the ladder -------------------------------------------------------------------------------------------------
     def ladder(self, size, label, layout, kernels, with_default):
+        """cuBLAS (torch.matmul) and the ladder's kernels at one size, dtype and layout. The kernels within
+        LADDER_SIDE_BY_SIDE x cuBLAS's time (from one call each) are timed side by side with it (time_interleaved):
+        timed one after the other, the same kernel read 760 and 673 TFLOP/s in one run (bf16 8192^3, a GPU at its
+        power limit). The slower ones are timed alone: interleaved, they would set the repeats of all."""
         dtype, tf32 = DTYPES[label]
         torch.backends.cuda.matmul.allow_tf32 = tf32
         m = n = k = size
         shape, flops = (m, n, k), 2.0 * m * n * k
         a, b = operands(m, n, k, dtype, layout, self.device)
         log(f"matmul {label} {layout} {size}^3")
-        res = self.measure(
-            "matmul",
-            "torch",
-            layout,
-            shape,
-            label,
-            lambda: torch.matmul(a, b),
-            flops=flops,
-            key=("torch", layout, label),
-        )
-        ref = res[1] if res else torch.matmul(a, b)
+        fns = {"torch": lambda: torch.matmul(a, b)}
         providers = [(f"torchext-{kn}", kn) for kn in kernels] + ([("torchext", None)] if with_default else [])
         for provider, kn in providers:
             if not has_op("matmul"):
@@ -194,20 +202,33 @@ class Runner:
                 continue
             if kn is None:
                 self.w.row("matmul", provider, layout, shape, label, "kernel", str(chosen), 0, 0, 0)
-            res = self.measure(
-                "matmul",
-                provider,
-                layout,
-                shape,
-                label,
-                lambda kn=kn: torch.ops.torchext.matmul(a, b, kn),
-                flops=flops,
-                key=(provider, layout, label),
+            fns[provider] = lambda kn=kn: torch.ops.torchext.matmul(a, b, kn)
+        est = {}  # provider -> (us of one call, its result)
+        for provider, fn in fns.items():
+            res = self.estimate(
+                "matmul", provider, layout, shape, label, fn, flops=flops, key=(provider, layout, label)
             )
-            if res:
-                err = rel_err(res[1], ref)
+            if res is not None:
+                est[provider] = res
+        base = est["torch"][0] if "torch" in est else math.inf
+        together = [p for p in est if est[p][0] <= LADDER_SIDE_BY_SIDE * base]
+        if together:
+            total = sum(est[p][0] for p in together)
+            warmup, reps = budget_reps(total, self.args.seconds, self.args.min_reps, self.args.max_reps)
+            timings = time_interleaved([fns[p] for p in together], self.device, warmup=warmup, reps=reps)
+            for provider, t in zip(together, timings):
+                self.w.timing("matmul", provider, layout, shape, label, t, flops=flops)
+        for provider in est:
+            if provider not in together:
+                warmup, reps = budget_reps(est[provider][0], self.args.seconds, self.args.min_reps, self.args.max_reps)
+                t = time_fn(fns[provider], self.device, warmup=warmup, reps=reps)
+                self.w.timing("matmul", provider, layout, shape, label, t, flops=flops)
+        ref = est["torch"][1] if "torch" in est else torch.matmul(a, b)
+        for provider, (_, out) in est.items():
+            if provider != "torch":
+                err = rel_err(out, ref)
                 self.w.row("matmul", provider, layout, shape, label, "max_rel_err", "", err, err, err)
-            del res
+        del est
         torch.backends.cuda.matmul.allow_tf32 = False
 
     # -- Linear + bias + activation ---------------------------------------------------------------------------------

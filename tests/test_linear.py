@@ -89,6 +89,23 @@ def test_linear_stream_k_layer(dtype, activation):
     check_linear_matches_torch("cuda", dtype, activation, (1000, 1024), 1024, has_bias=True)
 
 
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("has_bias", [True, False], ids=["bias", "no-bias"])
+def test_linear_wgmma_epilogues(dtype, activation, has_bias):
+    """Every activation, with and without bias, through wgmma's TMA-store epilogue (cuda_ops/matmul_wgmma.cu): relu
+    and none go from the accumulators to the staging buffer; gelu, gelu_tanh and silu are applied to the staging
+    after z went to `saved`. 300 rows and 384 columns leave partial tiles in m and n. The shapes in
+    test_linear_matches_torch are not 16-byte aligned, so they run on the other kernels."""
+    if torch.cuda.get_device_capability() == (9, 0):
+        x, w = torch.empty(300, 512, device="cuda", dtype=dtype), torch.empty(384, 512, device="cuda", dtype=dtype)
+        g = torch.empty(300, 384, device="cuda", dtype=dtype)
+        for a, b in ((x, w.t()), (g, w), (g.t(), x)):  # forward, grad_input, grad_weight
+            assert torchext.ops.matmul_kernel(a, b) == "wgmma"
+    check_linear_matches_torch("cuda", dtype, activation, (300, 512), 384, has_bias)
+
+
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("x_layout", LAYOUTS)
 @pytest.mark.parametrize("w_layout", LAYOUTS)
