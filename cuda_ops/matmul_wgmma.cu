@@ -12,7 +12,7 @@
 //     wgmma reads without bank conflicts. Completion is counted in bytes on an mbarrier.
 //   - Warp specialization: warpgroup 0 only issues copies (it gives most of its registers back with
 //     setmaxnreg); warpgroups 1 and 2 each own 64 rows of the 128 x 256 tile and 128 float accumulators per
-//     thread. A 4-stage ring of shared-memory buffers with "full" and "empty" barriers lets copies run ahead of
+//     thread. A 3-stage ring of shared-memory buffers with "full" and "empty" barriers lets copies run ahead of
 //     the math.
 //   - Persistent grid: one block per multiprocessor walks the tiles, in groups of 8 tile-rows for L2 reuse; the
 //     producer prefetches the next tile while the consumers run the epilogue of the current one.
@@ -23,8 +23,9 @@
 //     and runs the epilogue. See `Schedule` and `plan_schedule` below.
 //
 // Shapes per block: tile 128 (m) x 256 (n), k step 128 bytes (64 halves or 32 floats) per stage, 48 KiB per
-// stage. Built only for sm_90a (wgmma and setmaxnreg are Hopper-specific); elsewhere the kernel body is empty and
-// matmul_wgmma_supported() says no.
+// stage, 3 stages, and 32 KiB of output staging per consumer: 208 KiB of shared memory. Built only for sm_90a
+// (wgmma and setmaxnreg are Hopper-specific); elsewhere the kernel body is empty and matmul_wgmma_supported() says
+// no.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -43,13 +44,17 @@ namespace {
 constexpr int kBM = 128;        // rows of C per tile: two consumer warpgroups of 64
 constexpr int kBN = 256;        // columns of C per tile: the n of one wgmma
 constexpr int kRowBytes = 128;  // bytes of k per stage and row: one 128-byte swizzle span
-constexpr int kStages = 4;
+// 3 stages and a 32 KiB staging buffer per consumer (a 16-bit consumer's whole 64 x 256 output) rather than 4 and
+// 16 KiB: the epilogue writes its output in one piece instead of waiting in the middle of it for the copy engine to
+// read the first half out. Measured on an H200 (matmul_check --linear, three alternated runs): 1.5-3% faster on
+// the Linear 8192 x 4096 -> 4096 GEMMs (NOTES_matmul.md, version 14). 4 stages and 32 KiB do not fit (256 KiB).
+constexpr int kStages = 3;
 constexpr int kTileBytesA = kBM * kRowBytes;  // 16 KiB
 constexpr int kTileBytesB = kBN * kRowBytes;  // 32 KiB
 constexpr int kStageBytes = kTileBytesA + kTileBytesB;
 constexpr int kChunkBytes = 64 * kRowBytes;  // one 64-wide M- or N-major box of 16-bit values: 8 KiB
 constexpr int kConsumers = 2;
-constexpr int kStagingBytes = 16 * 1024;  // per consumer: the output staging buffer of the TMA-store epilogue
+constexpr int kStagingBytes = 32 * 1024;  // per consumer: the output staging buffer of the TMA-store epilogue
 // Layout: [stages][staging per consumer][full and empty barriers], from a 1024-aligned base.
 constexpr int kSmemBytes =
     kStages * kStageBytes + kConsumers * kStagingBytes + 1024 /* alignment slack */ + 2 * kStages * 8 /* barriers */;
@@ -350,7 +355,7 @@ struct Float4 {
 template <typename T>
 constexpr int kBoxCols = kRowBytes / int(sizeof(T));  // 64 halves or 32 floats
 template <typename T>
-constexpr int kChunkCols = kStagingBytes / (64 * int(sizeof(T)));  // 128 halves or 64 floats
+constexpr int kChunkCols = kStagingBytes / (64 * int(sizeof(T)));  // 256 halves (the whole tile) or 128 floats
 constexpr int kBoxBytes = 64 * kRowBytes;
 
 // Which activation the epilogue applies on its way from the accumulators to the staging (the others are applied
@@ -677,7 +682,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (tma_store) {
         // Through shared memory and the copy engine: the warpgroup writes its 64 rows into a 128-byte-swizzled
         // staging buffer (conflict-free), one thread stores it with TMA, and the warpgroup goes back to the main
-        // loop while the copy drains. Chunks of kChunkCols<T> columns, each two boxes of 64 rows x 128 bytes.
+        // loop while the copy drains. Chunks of kChunkCols<T> columns (the whole tile in 16 bits, half of it in
+        // float), in boxes of 64 rows x 128 bytes.
         //   - No aux and no activation or relu: act(z) goes to the staging straight from the accumulators. Whether
         //     there is a bias and which of the two applies is decided once per chunk: the code of each case is
         //     straight-line (an earlier version tested them per accumulator group, ~35 instructions per 8 columns
