@@ -697,7 +697,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const bool staged_act = p.aux != nullptr || (p.act != Activation::none && p.act != Activation::relu);
 #pragma unroll
         for (int q = 0; q < kBN / kChunkCols<T>; ++q) {
-          if (tid == 0) tma_store_wait_read();  // the previous chunk's copy is done reading the buffer
+          if (tid == 0) tma_store_wait_read();  // the last copy out of the buffer (previous chunk or tile) has read it
           consumer_sync(consumer);
           auto write = [&](auto kind, auto has_bias) {
             constexpr EpilogueAct kAct = decltype(kind)::value;
