@@ -133,13 +133,17 @@ class Runner:
         f0, us0 = self.est[key]
         return us0 * flops / f0
 
+    def reps_for(self, est_us):
+        """(warmup, reps) for calls of about est_us microseconds, within --seconds, --min-reps and --max-reps."""
+        return budget_reps(est_us, self.args.seconds, self.args.min_reps, self.args.max_reps)
+
     def estimate(self, op, provider, mode, shape, dtype, fn, device=None, flops=0, key=None, writer=None):
         """One timed call of fn (warm-up and estimate), unless the budget rules it out: (us, first result), or None
         with a 'skipped' row written."""
         w, device = writer or self.w, device or self.device
         predicted = self.predict(key, flops) if key is not None else None
         if predicted is not None:
-            _, reps = budget_reps(predicted, self.args.seconds, self.args.min_reps, self.args.max_reps)
+            _, reps = self.reps_for(predicted)
             cost_s = predicted * (reps + 1) / 1e6
             if predicted > self.args.max_call * 1e6 or cost_s > self.left():
                 why = "slower than --max-call" if predicted > self.args.max_call * 1e6 else "over --budget"
@@ -168,10 +172,21 @@ class Runner:
         if res is None:
             return None
         est, out = res
-        warmup, reps = budget_reps(est, self.args.seconds, self.args.min_reps, self.args.max_reps)
+        return self.time_alone(op, provider, mode, shape, dtype, fn, est, device, flops, writer), out
+
+    def time_alone(self, op, provider, mode, shape, dtype, fn, est_us, device=None, flops=0, writer=None):
+        """Times fn by itself (time_fn), repeats sized from its estimate, and writes its rows."""
+        warmup, reps = self.reps_for(est_us)
         t = time_fn(fn, device or self.device, warmup=warmup, reps=reps)
         (writer or self.w).timing(op, provider, mode, shape, dtype, t, flops=flops)
-        return t, out
+        return t
+
+    def time_side_by_side(self, op, mode, shape, dtype, fns, est_us, flops):
+        """Times the providers' functions ({provider: fn}) interleaved (time_interleaved), repeats sized from est_us,
+        the time of one call of each, and writes their rows."""
+        warmup, reps = self.reps_for(est_us)
+        for provider, t in zip(fns, time_interleaved(list(fns.values()), self.device, warmup=warmup, reps=reps)):
+            self.w.timing(op, provider, mode, shape, dtype, t, flops=flops)
 
     def unsupported(self, op, provider, mode, shape, dtype, why, writer=None):
         log(f"  unsupported {op} {provider} {mode} {shape} {dtype}: {why}")
@@ -214,15 +229,10 @@ class Runner:
         together = [p for p in est if est[p][0] <= LADDER_SIDE_BY_SIDE * base]
         if together:
             total = sum(est[p][0] for p in together)
-            warmup, reps = budget_reps(total, self.args.seconds, self.args.min_reps, self.args.max_reps)
-            timings = time_interleaved([fns[p] for p in together], self.device, warmup=warmup, reps=reps)
-            for provider, t in zip(together, timings):
-                self.w.timing("matmul", provider, layout, shape, label, t, flops=flops)
+            self.time_side_by_side("matmul", layout, shape, label, {p: fns[p] for p in together}, total, flops)
         for provider in est:
             if provider not in together:
-                warmup, reps = budget_reps(est[provider][0], self.args.seconds, self.args.min_reps, self.args.max_reps)
-                t = time_fn(fns[provider], self.device, warmup=warmup, reps=reps)
-                self.w.timing("matmul", provider, layout, shape, label, t, flops=flops)
+                self.time_alone("matmul", provider, layout, shape, label, fns[provider], est[provider][0], flops=flops)
         ref = est["torch"][1] if "torch" in est else torch.matmul(a, b)
         for provider, (_, out) in est.items():
             if provider != "torch":
@@ -272,9 +282,7 @@ class Runner:
                     self.w.row(op, provider, mode, shape, label, "skipped", "us", math.nan, math.nan, math.nan)
                 continue
             est = max(time_once(fn, self.device)[0] for fn in fns.values())
-            warmup, reps = budget_reps(est * len(fns), self.args.seconds, self.args.min_reps, self.args.max_reps)
-            for provider, t in zip(fns, time_interleaved(list(fns.values()), self.device, warmup=warmup, reps=reps)):
-                self.w.timing(op, provider, mode, shape, label, t, flops=flops)
+            self.time_side_by_side(op, mode, shape, label, fns, est * len(fns), flops)
         if self.args.gpu_time and self.left() > 10:
             for provider, step in steps.items():
                 t = device_time_fn(step, self.device, warmup=1, reps=5)

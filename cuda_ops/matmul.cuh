@@ -35,7 +35,8 @@ bool matmul_supported(MatmulKernel kernel, const MatmulArgs<T>& args, const char
 // Device memory that matmul(kernel, args, ...) can use, in bytes (0: none). The CUDA-core versions v2-v5 use it
 // for split-K (matmul_simt.cu): where their grid would have fewer tiles than the GPU has multiprocessors, k is cut
 // into chunks whose partial sums (in the accumulation type) are added up by a second kernel. wgmma uses it for
-// stream-K (matmul_wgmma.cu): the tiles of the last, partial wave are cut along k over all multiprocessors.
+// stream-K (matmul_wgmma.cu): products of few tiles and a long k have their tiles cut along k over all
+// multiprocessors.
 template <typename T>
 size_t matmul_workspace_bytes(MatmulKernel kernel, const MatmulArgs<T>& args);
 
@@ -64,9 +65,9 @@ template <typename T>
 cudaError_t matmul_mma_sync(const MatmulArgs<T>& args, cudaStream_t stream);
 template <typename T>
 bool matmul_mma_sync_supported(const MatmulArgs<T>& args, const char** why);
-// wgmma's workspace is for stream-K (matmul_wgmma.cu): the k-steps of the last, partial wave of tiles are spread
-// over every multiprocessor, and the blocks hand partial sums to each other through it. Without one, each tile is
-// computed by one block.
+// wgmma's workspace is for stream-K (matmul_wgmma.cu, plan_schedule): where the tiles fill at most half the GPU and
+// k is long, their k-steps are spread over every multiprocessor, and the blocks hand partial sums to each other
+// through it. Without one, each tile is computed by one block.
 template <typename T>
 size_t matmul_wgmma_workspace_bytes(const MatmulArgs<T>& args);
 template <typename T>

@@ -358,11 +358,10 @@ template <typename T>
 constexpr int kChunkCols = kStagingBytes / (64 * int(sizeof(T)));  // 256 halves (the whole tile) or 128 floats
 constexpr int kBoxBytes = 64 * kRowBytes;
 
-// Which activation the epilogue applies on its way from the accumulators to the staging (the others are applied
-// to the staging, activate_staging).
-enum class EpilogueAct { none, relu };
-template <EpilogueAct A>
-using EpilogueActC = std::integral_constant<EpilogueAct, A>;
+// The activation the epilogue applies on its way from the accumulators to the staging, as a type: none or relu
+// (the others are applied to the staging, activate_staging).
+template <Activation A>
+using ActivationC = std::integral_constant<Activation, A>;
 
 #if defined(TORCHEXT_WGMMA_DEVICE)
 // A lane's staging addresses for the four pairs of accumulator groups of a box (16-bit) or the four groups of a box
@@ -678,7 +677,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         return v;
       };
-      const int64_t row = int64_t(tc.tm) * kBM + consumer * 64 + warp * 16 + lane / 4;
       if (tma_store) {
         // Through shared memory and the copy engine: the warpgroup writes its 64 rows into a 128-byte-swizzled
         // staging buffer (conflict-free), one thread stores it with TMA, and the warpgroup goes back to the main
@@ -700,7 +698,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (tid == 0) tma_store_wait_read();  // the last copy out of the buffer (previous chunk or tile) has read it
           consumer_sync(consumer);
           auto write = [&](auto kind, auto has_bias) {
-            constexpr EpilogueAct kAct = decltype(kind)::value;
+            constexpr Activation kAct = decltype(kind)::value;
             constexpr bool kBias = decltype(has_bias)::value;
             // z = acc + bias, and relu, for accumulator group j (columns 8j .. 8j + 7 of the tile).
             auto group = [&](int j) {
@@ -709,7 +707,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const float2 bj = bias_pair(j);
                 z.v[0] += bj.x, z.v[1] += bj.y, z.v[2] += bj.x, z.v[3] += bj.y;
               }
-              if constexpr (kAct == EpilogueAct::relu) {
+              if constexpr (kAct == Activation::relu) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) z.v[e] = math::relu_forward(z.v[e]);
               }
@@ -723,11 +721,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           };
           const bool bias = p.bias != nullptr;
           if (staged_act || p.act == Activation::none) {
-            bias ? write(EpilogueActC<EpilogueAct::none>{}, std::true_type{})
-                 : write(EpilogueActC<EpilogueAct::none>{}, std::false_type{});
+            bias ? write(ActivationC<Activation::none>{}, std::true_type{})
+                 : write(ActivationC<Activation::none>{}, std::false_type{});
           } else {
-            bias ? write(EpilogueActC<EpilogueAct::relu>{}, std::true_type{})
-                 : write(EpilogueActC<EpilogueAct::relu>{}, std::false_type{});
+            bias ? write(ActivationC<Activation::relu>{}, std::true_type{})
+                 : write(ActivationC<Activation::relu>{}, std::false_type{});
           }
           fence_proxy_async();
           consumer_sync(consumer);
@@ -756,6 +754,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (tid == 0) store(&map_c);
         }
       } else {
+        const int64_t row = int64_t(tc.tm) * kBM + consumer * 64 + warp * 16 + lane / 4;
 #pragma unroll
         for (int j = 0; j < kBN / 8; ++j) {
           const int64_t col = col0 + 8 * j + 2 * (lane % 4);

@@ -74,6 +74,18 @@ def test_linear_split_k_layers(dtype, shape, out_features):
     check_linear_matches_torch("cuda", dtype, "gelu", shape, out_features, has_bias=True)
 
 
+def assert_wgmma_runs_layer(dtype, rows, in_features, out_features):
+    """On an sm_90 GPU, the default kernel of a (rows, in) -> out layer's three GEMMs is wgmma (elsewhere: nothing
+    to check), so that a test meant for wgmma fails instead of testing another kernel."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        return
+    x = torch.empty(rows, in_features, device="cuda", dtype=dtype)
+    w = torch.empty(out_features, in_features, device="cuda", dtype=dtype)
+    g = torch.empty(rows, out_features, device="cuda", dtype=dtype)
+    for a, b in ((x, w.t()), (g, w), (g.t(), x)):  # forward, grad_input, grad_weight
+        assert torchext.ops.matmul_kernel(a, b) == "wgmma"
+
+
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
@@ -81,11 +93,7 @@ def test_linear_stream_k_layer(dtype, activation):
     """A 1024 -> 1024 layer on 1000 rows: each of its three GEMMs has 32 tiles of 128 x 256 and a k of 1000 or more,
     so wgmma splits them along k (stream-K, cuda_ops/matmul_wgmma.cu); the tile owners run the bias and activation
     epilogue after adding the other blocks' partial sums."""
-    if torch.cuda.get_device_capability() == (9, 0):
-        x, w = torch.empty(1000, 1024, device="cuda", dtype=dtype), torch.empty(1024, 1024, device="cuda", dtype=dtype)
-        g = torch.empty(1000, 1024, device="cuda", dtype=dtype)
-        for a, b in ((x, w.t()), (g, w), (g.t(), x)):  # forward, grad_input, grad_weight
-            assert torchext.ops.matmul_kernel(a, b) == "wgmma"
+    assert_wgmma_runs_layer(dtype, 1000, 1024, 1024)
     check_linear_matches_torch("cuda", dtype, activation, (1000, 1024), 1024, has_bias=True)
 
 
@@ -98,11 +106,7 @@ def test_linear_wgmma_epilogues(dtype, activation, has_bias):
     and none go from the accumulators to the staging buffer; gelu, gelu_tanh and silu are applied to the staging
     after z went to `saved`. 300 rows and 384 columns leave partial tiles in m and n. The shapes in
     test_linear_matches_torch are not 16-byte aligned, so they run on the other kernels."""
-    if torch.cuda.get_device_capability() == (9, 0):
-        x, w = torch.empty(300, 512, device="cuda", dtype=dtype), torch.empty(384, 512, device="cuda", dtype=dtype)
-        g = torch.empty(300, 384, device="cuda", dtype=dtype)
-        for a, b in ((x, w.t()), (g, w), (g.t(), x)):  # forward, grad_input, grad_weight
-            assert torchext.ops.matmul_kernel(a, b) == "wgmma"
+    assert_wgmma_runs_layer(dtype, 300, 512, 384)
     check_linear_matches_torch("cuda", dtype, activation, (300, 512), 384, has_bias)
 
 
