@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 namespace torchext::cuda_ops {
@@ -71,6 +72,25 @@ unsigned resident_grid(int threads, int64_t work, int64_t work_per_block, size_t
   const int64_t cap = static_cast<int64_t>(sm_count()) * per_sm;
   const int64_t g = need < cap ? need : cap;
   return static_cast<unsigned>(g > 0 ? g : 1);
+}
+
+// Lets Kernel launch with `smem_bytes` of dynamic shared memory (past the 48 KiB default) and asks for the
+// largest shared-memory carveout. Function attributes belong to each device's context: they are set once per
+// device (the first 64 devices; beyond those, on every call).
+template <auto Kernel>
+cudaError_t prepare_kernel(int smem_bytes) {
+  static std::atomic<uint64_t> ready{0};  // bit d: attributes set on device d
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+  if (bit != 0 && (ready.load(std::memory_order_relaxed) & bit) != 0) return cudaSuccess;
+  err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (err == cudaSuccess) {
+    err = cudaFuncSetAttribute(Kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  }
+  if (err == cudaSuccess && bit != 0) ready.fetch_or(bit, std::memory_order_relaxed);
+  return err;
 }
 
 // exp for reductions where a couple of ulps don't matter (softmax sums): the hardware ex2 for float.

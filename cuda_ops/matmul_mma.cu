@@ -615,22 +615,6 @@ OperandPlan plan_operand(const T* ptr, int64_t s_mn, int64_t s_k, int64_t s_b, i
   return plan;
 }
 
-template <auto Kernel>
-cudaError_t prepare_kernel(int smem_bytes) {
-  static std::atomic<uint64_t> ready{0};  // bit d: attributes set on device d
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-  if (bit != 0 && (ready.load(std::memory_order_relaxed) & bit) != 0) return cudaSuccess;
-  err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  if (err == cudaSuccess) {
-    err = cudaFuncSetAttribute(Kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-  }
-  if (err == cudaSuccess && bit != 0) ready.fetch_or(bit, std::memory_order_relaxed);
-  return err;
-}
-
 template <typename T, class Cfg, bool kAsync, bool kAKMajor, bool kBKMajor>
 cudaError_t launch_mma(const MmaParams<T>& p, cudaStream_t stream) {
   constexpr auto kernel = matmul_mma_sync_kernel<T, Cfg, kAsync, kAKMajor, kBKMajor>;

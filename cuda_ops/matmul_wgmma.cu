@@ -929,9 +929,9 @@ cudaError_t launch(const MatmulArgs<T>& a, const OperandPlan& pa, const OperandP
   if (total >= (int64_t(1) << 31)) return cudaErrorNotSupported;
   cudaError_t err;
 
-  auto kernel = matmul_wgmma_kernel<T, kAKMajor, kBKMajor>;
-  static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (attr != cudaSuccess) return attr;
+  constexpr auto kernel = matmul_wgmma_kernel<T, kAKMajor, kBKMajor>;
+  err = prepare_kernel<kernel>(kSmemBytes);
+  if (err != cudaSuccess) return err;
   const Schedule sched = schedule_for(a, workspace != nullptr);
 
   CUtensorMap map_a, map_b;
