@@ -1,7 +1,9 @@
 // Standalone timing of the CUDA-core ladder's float32 versions against cuBLAS SGEMM (tf32 off), without torch:
 // used to pick the v5 tile shape (cuda_ops/matmul_simt.cu, TORCHEXT_MATMUL_V5_CONFIG) in one GPU call.
+// TORCHEXT_SIMT_FLOAT_ONLY builds the float kernels alone (20 s instead of 90 per config).
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I cuda_ops \
-//        -DTORCHEXT_MATMUL_V5_CONFIG=0 benchmarks/simt_check.cu cuda_ops/matmul_simt.cu cuda_ops/common.cu -lcublas
+//        -DTORCHEXT_SIMT_FLOAT_ONLY -DTORCHEXT_MATMUL_V5_CONFIG=0 \
+//        benchmarks/simt_check.cu cuda_ops/matmul_simt.cu cuda_ops/common.cu -lcublas
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -59,7 +61,8 @@ int main() {
     cudaDeviceSynchronize();
     if (once) continue;
     std::vector<float> hc(size_t(n) * n), hr(size_t(n) * n);
-    cudaMemcpy(hc.data(), c, hc.size() * 4, cudaMemcpyDeviceToHost), cudaMemcpy(hr.data(), r, hr.size() * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(hc.data(), c, hc.size() * 4, cudaMemcpyDeviceToHost),
+        cudaMemcpy(hr.data(), r, hr.size() * 4, cudaMemcpyDeviceToHost);
     double e2 = 0, r2 = 0;
     for (size_t i = 0; i < hc.size(); ++i) e2 += double(hc[i] - hr[i]) * (hc[i] - hr[i]), r2 += double(hr[i]) * hr[i];
     const float t_k = time([&] { matmul_simt(k, p, 0); }), t_c = time(cublas);

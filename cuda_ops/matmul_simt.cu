@@ -31,14 +31,18 @@
 //                        bytes (one wavefront each) instead of v4's 32 + 256. And the fragments are double-buffered
 //                        in registers: row kk + 1 is read from shared memory while row kk's 64 FMAs run, and the
 //                        barrier sits inside the tile's last row, so neither smem latency nor the barrier stalls a
-//                        warp between rows. At 4096^3 in float32 that took v5 from below v4 (73% against 76.5% of
-//                        cuBLAS, H100) to above it (80% against 77%, H200; ncu: 0.77 instructions issued per
-//                        scheduler cycle, v4 0.73). Shapes for H100/H200 FP32; see V5Float below for the alternatives.
+//                        warp between rows (float32 4096^3: 73% -> 80% of cuBLAS). Then three steps to 91% (H200):
+//                        both operands by cp.async alone (a k-contiguous one one element per copy, landing
+//                        transposed), so no tile data and one pointer per operand sit in registers; that room buys
+//                        a 32-deep k tile (66 KiB of smem), a quarter of the barriers and loop overhead per FMA of
+//                        BK = 8; and the FMAs of a row in 2x2 blocks walked as a snake, the order that gave ptxas's
+//                        register allocation the fewest dispatch stalls. See V5Float below for the shapes measured.
 //
 // v4 and v5 read an operand with 16-byte vectors when it is contiguous along k (A row-major, B column-major) or
 // along m / n (A column-major, B row-major) and its base pointer, its other stride and its batch stride keep every
 // vector 16-byte aligned; otherwise that operand takes the scalar loader of v3 (any strides), decided per operand
-// at launch (pick_load). Tails in m, n and k load zeros and are never stored; k == 0 stores act(bias or 0).
+// at launch (pick_load); v5 copies a float / double operand contiguous along k one element at a time instead (by
+// cp.async). Tails in m, n and k load zeros and are never stored; k == 0 stores act(bias or 0).
 // v3 to v5 store C through shared memory (tiled_gemm says how), so every warp writes whole rows.
 //
 // Scheduling, shared by all versions: one block per output tile, numbered over batch x tile rows x tile columns
@@ -265,6 +269,42 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes
   memset(static_cast<char*>(dst) + bytes, 0, 16 - bytes);
 #endif
 }
+// The same for one element of 4 or 8 bytes (cp.async.ca: sizes below 16 go through L1): `bytes` is the element's
+// size, or 0 for a zero.
+template <int SIZE>
+__device__ __forceinline__ void cp_async_elem(void* dst, const void* src, int bytes) {
+  static_assert(SIZE == 4 || SIZE == 8, "cp.async copies 4, 8 or 16 bytes");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+      "l"(src), "n"(SIZE), "r"(bytes)
+      : "memory");
+#elif !defined(__CUDA_ARCH__)
+  memcpy(dst, src, bytes);
+  memset(static_cast<char*>(dst) + bytes, 0, SIZE - bytes);
+#endif
+}
+// cp_async_elem of a full element when `index < limit`, else of a zero. The comparison sits inside the asm so the
+// compiler cannot hoist one predicate per copy out of the k loop: kept live across it, those predicates cost a
+// register each and made v5 spill (CUDA 13.0).
+template <int SIZE, int INDEX>
+__device__ __forceinline__ void cp_async_elem_if_below(void* dst, const void* src, int limit) {
+  static_assert(SIZE == 4 || SIZE == 8, "cp.async copies 4, 8 or 16 bytes");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "{\n"
+      "  .reg .pred p;\n"
+      "  .reg .u32 n;\n"
+      "  setp.lt.s32 p, %3, %4;\n"
+      "  selp.u32 n, %2, 0, p;\n"
+      "  cp.async.ca.shared.global [%0], [%1], %2, n;\n"
+      "}\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+      "l"(src), "n"(SIZE), "n"(INDEX), "r"(limit)
+      : "memory");
+#else
+  cp_async_elem<SIZE>(dst, src, INDEX < limit ? SIZE : 0);
+#endif
+}
 // Waits for this thread's copies; a barrier after it publishes them to the block.
 __device__ __forceinline__ void cp_async_wait_all() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -272,6 +312,58 @@ __device__ __forceinline__ void cp_async_wait_all() {
 #endif
 }
 
+// Float and double operands contiguous along k travel by cp.async, one element per copy, each landing at its
+// transposed place in the smem tile: no registers, no store instructions. A warp copies runs of KW consecutive k
+// (32 bytes: one sector) from 32 / KW consecutive rows, so it reads whole sectors and its transposing writes land on
+// 32 distinct banks (LD = ROWS + 4). Thread t copies k offsets t % KW + KW * kq of rows t / KW + RP * rr, for
+// rr < ROWS / RP and kq < BK / KW (RP = NT / KW rows per pass).
+template <typename T, int ROWS, int BK, int NT, int LD>
+struct AsyncTransposeLoader {
+  using A = acc_t<T>;
+  static constexpr int KW = BK < 32 / int(sizeof(T)) ? BK : 32 / int(sizeof(T)), RP = NT / KW;
+  static constexpr int PASSES = ROWS / RP, ITERS = PASSES * (BK / KW);
+  static_assert(sizeof(T) == sizeof(A) && NT % KW == 0 && ROWS % RP == 0 && BK % KW == 0, "whole passes");
+
+  const T* src;     // the thread's first element in the current k tile
+  int64_t it_step;  // RP rows: from one of its rows to the next
+  int rows_left;    // rows - r0(): the thread's pass rr lies in the tile's rows when rr * RP < rows_left
+
+  __device__ __forceinline__ static int r0() { return threadIdx.x / KW; }
+  __device__ __forceinline__ static int kk0() { return threadIdx.x % KW; }
+
+  __device__ __forceinline__ void init(const T* base, int64_t s_mn, int64_t /*s_k == 1*/, int rows) {
+    src = base + r0() * s_mn + kk0();
+    it_step = RP * s_mn;
+    rows_left = rows - r0();
+  }
+  template <bool FULL>
+  __device__ __forceinline__ void load(int k_left, A* s) {
+    copy<FULL, 0>(s + kk0() * LD + r0(), src, k_left);
+    src += BK;
+  }
+  // Copy IT: pass rr = IT % PASSES of k run kq = IT / PASSES.
+  template <bool FULL, int IT>
+  __device__ __forceinline__ void copy(A* dst, const T* q, int k_left) const {
+    if constexpr (IT < ITERS) {
+      constexpr int rr = IT % PASSES, kq = IT / PASSES;
+      const int limit = FULL || kk0() + kq * KW < k_left ? rows_left : 0;
+      cp_async_elem_if_below<sizeof(T), rr * RP>(dst + kq * KW * LD + rr * RP, q + kq * KW, limit);
+      copy<FULL, IT + 1>(dst, rr + 1 == PASSES ? q - rr * it_step : q + it_step, k_left);
+    }
+  }
+  __device__ __forceinline__ void store(A* /*s*/) const {}
+  __device__ __forceinline__ void wait() const { cp_async_wait_all(); }
+};
+
+// Whether AsyncTransposeLoader can move this operand tile (v5 takes it where it can; v4 keeps TileLoader<vec_k>).
+template <typename T, int ROWS, int BK, int NT>
+constexpr bool kAsyncTranspose = [] {
+  constexpr int kw = BK < 32 / int(sizeof(T)) ? BK : 32 / int(sizeof(T));
+  return TORCHEXT_SIMT_CP_ASYNC && sizeof(T) == sizeof(acc_t<T>) && NT % kw == 0 && ROWS % (NT / kw) == 0 &&
+         BK % kw == 0;
+}();
+
+// 16-byte vectors along k through registers: one global load per vector, then VEC transposing smem stores.
 template <typename T, int ROWS, int BK, int NT, int LD>
 struct TileLoader<Load::vec_k, T, ROWS, BK, NT, LD> {
   using A = acc_t<T>;
@@ -340,6 +432,51 @@ struct TileLoader<Load::vec_k, T, ROWS, BK, NT, LD> {
   __device__ __forceinline__ void wait() const {}
 };
 
+// Float and double operands contiguous along m / n land in smem as they are, by 16-byte cp.async copies: thread t
+// copies vector t % RV of k rows t / RV + it * (NT / RV), so all its copies cover the same rows (one byte count:
+// the vector's elements inside the tile, zero-filled past them).
+template <typename T, int ROWS, int BK, int NT, int LD>
+struct AsyncRowLoader {
+  using A = acc_t<T>;
+  static constexpr int VEC = kVec16<T>, RV = ROWS / VEC, DK = NT / RV, ITERS = BK * RV / NT;
+  static_assert(sizeof(T) == sizeof(A) && ROWS % VEC == 0 && NT % RV == 0 && (BK * RV) % NT == 0,
+                "whole vectors per thread");
+
+  const T* src;     // the thread's first vector in the current k tile
+  int64_t it_step;  // DK k rows: from one of its vectors to the next
+  int64_t k_step;   // BK k rows
+  int bytes;        // of its vector, inside the tile's rows
+
+  __device__ __forceinline__ static int rv() { return threadIdx.x % RV; }
+  __device__ __forceinline__ static int kk0() { return threadIdx.x / RV; }
+
+  __device__ __forceinline__ void init(const T* base, int64_t /*s_mn == 1*/, int64_t s_k, int rows) {
+    src = base + rv() * VEC + kk0() * s_k;
+    it_step = DK * s_k;
+    k_step = BK * s_k;
+    const int n = rows - rv() * VEC;
+    bytes = (n < 0 ? 0 : n < VEC ? n : VEC) * static_cast<int>(sizeof(T));
+  }
+  template <bool FULL>
+  __device__ __forceinline__ void load(int k_left, A* s) {
+    A* dst = s + kk0() * LD + rv() * VEC;
+    const T* q = src;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it, q += it_step) {
+      cp_async16(dst + it * DK * LD, q, FULL || kk0() + it * DK < k_left ? bytes : 0);
+    }
+    src += k_step;
+  }
+  __device__ __forceinline__ void store(A* /*s*/) const {}
+  __device__ __forceinline__ void wait() const { cp_async_wait_all(); }
+};
+
+// Whether AsyncRowLoader can move this operand tile (v5 takes it where it can).
+template <typename T, int ROWS, int BK, int NT>
+constexpr bool kAsyncRows = TORCHEXT_SIMT_CP_ASYNC && sizeof(T) == sizeof(acc_t<T>) && ROWS % kVec16<T> == 0 &&
+                            NT % (ROWS / kVec16<T>) == 0 && (BK * (ROWS / kVec16<T>)) % NT == 0;
+
+// 16-byte vectors along m / n, one pointer per vector: through registers, or by cp.async for float and double.
 template <typename T, int ROWS, int BK, int NT, int LD>
 struct TileLoader<Load::vec_mn, T, ROWS, BK, NT, LD> {
   using A = acc_t<T>;
@@ -480,10 +617,11 @@ struct TileLoader<Load::scalar_mn, T, ROWS, BK, NT, LD> : ScalarTileLoader<false
 // rows i * TGM * VW + tm * VW and columns j * TGN * VW + tn * VW. VW is also the width of the inner loop's smem
 // reads. STAGES = 2 double-buffers the smem tiles. PAD is added to each smem row (LDA = BM + PAD, LDB = BN + PAD).
 template <int BM_, int BN_, int BK_, int GM_, int GN_, int TGM_, int TGN_, int VW_, int PAD_, int STAGES_,
-          int MIN_BLOCKS_>
+          int MIN_BLOCKS_, bool ASYNC_K_ = false>
 struct TileConfig {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, GM = GM_, GN = GN_, TGM = TGM_, TGN = TGN_, VW = VW_;
   static constexpr int STAGES = STAGES_, MIN_BLOCKS = MIN_BLOCKS_;
+  static constexpr bool ASYNC_K = ASYNC_K_;  // float / double operands by AsyncTransposeLoader / AsyncRowLoader
   static constexpr int GROUPS_N = BN / GN, THREADS = (BM / GM) * GROUPS_N * TGM * TGN;
   static constexpr int ITM = GM / (TGM * VW), ITN = GN / (TGN * VW), TM = ITM * VW, TN = ITN * VW;
   static constexpr int LDA = BM + PAD_, LDB = BN + PAD_;
@@ -498,37 +636,41 @@ using V3Float = TileConfig<128, 128, 8, 128, 128, 16, 16, 1, 4, 1, 2>;
 using V3Double = TileConfig<64, 64, 8, 64, 64, 16, 16, 1, 2, 1, 2>;
 using V4Float = TileConfig<128, 128, 8, 128, 128, 16, 16, 4, 4, 2, 2>;
 using V4Double = TileConfig<64, 64, 8, 64, 64, 16, 16, 2, 4, 2, 2>;
-// v5 for float-accumulating types. TORCHEXT_MATMUL_V5_CONFIG picks the shape at build time (float32 4096^3 against
-// cuBLAS SGEMM, benchmarks/simt_check.cu, all with the register double-buffering unless said otherwise):
-//   0 (default)  128x128x8,  8 warps as 4x2 of 32x64, lanes 4x8, thread 8x8 (2x2 patches of 4x4), 2 blocks / SM:
-//                80% (H200); 73% without the register double-buffering (H100)
-//   1            128x128x16, the same warps: half the barriers and loop overhead per flop, twice the smem. 79%
-//                without the double-buffering (H100); with it, float spills at the 128-register cap
-//   2            128x128x8,  8 warps as 2x4 of 64x32, lanes 8x4 (the same reads, transposed): 73% without it
-//   3            128x64x8,   4 warps as 4x1 of 32x64: twice the blocks (a shorter tail), 4 / SM: 68% without it
-//   4            256x128x8,  8 warps as 4x2 of 64x64, thread 16x8, 1 block / SM (cuBLAS's shape on Hopper: its
-//                sm80 256x128x8 FFMA kernel, 254 registers): 77% (H200). The same instruction count as cuBLAS
-//                (2.44 G), but 0.70 issues per scheduler cycle against cuBLAS's 0.91: 17% dispatch and 12% wait stalls
-//                (cuBLAS 9% and 1%), which the register allocation decides, not this source.
-// Configs 0-3 are capped at 128 registers (2 blocks of 256 threads, or 4 of 128, per SM). With CUDA 13.0 on sm_90a,
-// config 0 compiles without spills for float in every loader pair but vec_k x vec_k (8 bytes); half / bfloat16 spill
-// 4-16 bytes (they widen in registers).
+// v5 for float-accumulating types. TORCHEXT_MATMUL_V5_CONFIG picks the shape at build time; float32 4096^3 against
+// cuBLAS SGEMM on an H200, benchmarks/simt_check.cu, this source (NOTES_matmul.md has the earlier steps):
+//   0 (default)  128x128x32, 8 warps as 4x2 of 32x64, lanes 4x8, thread 8x8 (2x2 patches of 4x4), 2 blocks / SM,
+//                66 KiB of shared memory per block: 91-92% (NOTES_matmul.md: 2.45 G instructions, cuBLAS 2.43 G)
+//   1            128x128x16, the same warps: 86.5%
+//   2            128x128x8,  the same warps (the default until BK = 32 fitted): 82%
+//   3            256x128x8,  8 warps as 4x2 of 64x64, thread 16x8, 1 block / SM (the shape of cuBLAS's own kernel
+//                here, sm80_xmma_gemm_f32f32_..._tilesize256x128x8_stage3_warpsize4x2x1_ffma): 81-82%
+//   4            256x128x16, the same warps, 1 block / SM: 72%
+// A deeper k tile halves the barriers and the loop's overhead per FMA: at BK = 32 the kernel issues as many
+// instructions as cuBLAS's (2.44 G against 2.43 G). It fits the 128 registers of 2 blocks / SM because the async
+// loaders hold no data and one pointer each. Configs 0-2 are capped at 128 registers; with CUDA 13.0 on sm_90a,
+// float spills at most 8 bytes, outside the k loop.
 #ifndef TORCHEXT_MATMUL_V5_CONFIG
 #define TORCHEXT_MATMUL_V5_CONFIG 0
 #endif
 #if TORCHEXT_MATMUL_V5_CONFIG == 1
-using V5Float = TileConfig<128, 128, 16, 32, 64, 4, 8, 4, 4, 2, 2>;
+using V5Float = TileConfig<128, 128, 16, 32, 64, 4, 8, 4, 4, 2, 2, true>;
 #elif TORCHEXT_MATMUL_V5_CONFIG == 2
-using V5Float = TileConfig<128, 128, 8, 64, 32, 8, 4, 4, 4, 2, 2>;
+using V5Float = TileConfig<128, 128, 8, 32, 64, 4, 8, 4, 4, 2, 2, true>;
 #elif TORCHEXT_MATMUL_V5_CONFIG == 3
-using V5Float = TileConfig<128, 64, 8, 32, 64, 4, 8, 4, 4, 2, 4>;
+using V5Float = TileConfig<256, 128, 8, 64, 64, 4, 8, 4, 4, 2, 1, true>;
 #elif TORCHEXT_MATMUL_V5_CONFIG == 4
-using V5Float = TileConfig<256, 128, 8, 64, 64, 4, 8, 4, 4, 2, 1>;
+using V5Float = TileConfig<256, 128, 16, 64, 64, 4, 8, 4, 4, 2, 1, true>;
 #else
-using V5Float = TileConfig<128, 128, 8, 32, 64, 4, 8, 4, 4, 2, 2>;
+using V5Float = TileConfig<128, 128, 32, 32, 64, 4, 8, 4, 4, 2, 2, true>;
 #endif
+// v5 takes V5Float's deep k tile where both operands travel by cp.async (float, contiguous along m, n or k with
+// aligned vectors: the usual case). With a loader that stages data in registers (scalar loaders, or half / bfloat16
+// widened on the way) a 32-deep tile spills hundreds of bytes; those pairs take V5FloatStaged, the same warps at
+// BK = 8.
+using V5FloatStaged = TileConfig<V5Float::BM, V5Float::BN, 8, V5Float::GM, V5Float::GN, V5Float::TGM, V5Float::TGN,
+                                 V5Float::VW, 4, 2, V5Float::MIN_BLOCKS, true>;
 // v5 for double: 8 warps as 2x4 of 32x16, lanes 8x4, thread 4x4 (2x2 patches of 2x2).
-using V5Double = TileConfig<64, 64, 8, 32, 16, 8, 4, 2, 4, 2, 2>;
+using V5Double = TileConfig<64, 64, 8, 32, 16, 8, 4, 2, 4, 2, 2, true>;
 static_assert(V5Float::TGM * V5Float::TGN == 32 && V5Double::TGM * V5Double::TGN == 32, "v5 groups are warps");
 
 template <typename T>
@@ -557,13 +699,33 @@ __device__ __forceinline__ void load_fragments(const A* __restrict__ As, const A
   }
 }
 
-// The outer product of one kk row: TM x TN FMAs.
+// The outer product of one kk row: TM x TN FMAs, row by row.
 template <class C, typename A>
 __device__ __forceinline__ void outer_product(const A (&a)[C::TM], const A (&b)[C::TN], A (&acc)[C::TM][C::TN]) {
 #pragma unroll
   for (int i = 0; i < C::TM; ++i) {
 #pragma unroll
     for (int j = 0; j < C::TN; ++j) acc[i][j] = mac(a[i], b[j], acc[i][j]);
+  }
+}
+
+// v5's order for the same FMAs: 2x2 blocks walked as a snake, so that each FMA shares an operand with the one before
+// it (the order of cuBLAS's FFMA kernels). ptxas keeps the order and allocates registers from it: in v5 at 4096^3
+// it ran 3% faster than row by row, and 6% faster than column by column, with fewer dispatch stalls
+// (NOTES_matmul.md). In v3 / v4, whose fragments are not double-buffered, it made float spill.
+template <class C, typename A>
+__device__ __forceinline__ void outer_product_snake(const A (&a)[C::TM], const A (&b)[C::TN], A (&acc)[C::TM][C::TN]) {
+  static_assert(C::TM % 2 == 0 && C::TN % 2 == 0, "2x2 blocks");
+#pragma unroll
+  for (int i = 0; i < C::TM; i += 2) {
+#pragma unroll
+    for (int jj = 0; jj < C::TN; jj += 2) {
+      const int j = i / 2 % 2 == 0 ? jj : C::TN - 2 - jj;
+      acc[i][j] = mac(a[i], b[j], acc[i][j]);
+      acc[i][j + 1] = mac(a[i], b[j + 1], acc[i][j + 1]);
+      acc[i + 1][j + 1] = mac(a[i + 1], b[j + 1], acc[i + 1][j + 1]);
+      acc[i + 1][j] = mac(a[i + 1], b[j], acc[i + 1][j]);
+    }
   }
 }
 
@@ -630,6 +792,29 @@ __device__ __forceinline__ void store_epilogue_n(const MatmulArgs<T>& p, int64_t
   }
 }
 
+// The loader of an operand in mode L. Where the config asks for them (v5), the cp.async loaders that hold one
+// pointer and no data: AsyncTransposeLoader for a k-contiguous float / double operand, AsyncRowLoader for an m / n
+// contiguous one. Else TileLoader (v4: the same code as before v5 had them, whose register allocation ran v4 4%
+// faster than with AsyncRowLoader).
+template <class C, Load L, typename T, int ROWS, int LD>
+using LoaderFor = std::conditional_t<
+    L == Load::vec_k && C::ASYNC_K && kAsyncTranspose<T, ROWS, C::BK, C::THREADS>,
+    AsyncTransposeLoader<T, ROWS, C::BK, C::THREADS, LD>,
+    std::conditional_t<L == Load::vec_mn && C::ASYNC_K && kAsyncRows<T, ROWS, C::BK, C::THREADS>,
+                       AsyncRowLoader<T, ROWS, C::BK, C::THREADS, LD>, TileLoader<L, T, ROWS, C::BK, C::THREADS, LD>>>;
+
+// Shared memory of tiled_gemm, in elements of A: the operand tiles, and later the epilogue's stage (R rows of LDS).
+template <class C, typename A>
+struct TileSmem {
+  static constexpr int A_TILE = C::BK * C::LDA, B_TILE = C::BK * C::LDB;
+  static constexpr int R = C::BM / C::GM * C::TGM;                      // one stage row per thread row of the block
+  static constexpr int LDS = C::BN + 64 / static_cast<int>(sizeof(A));  // rows a half bank-sweep apart: no conflicts
+  static constexpr int MAIN = C::STAGES * (A_TILE + B_TILE), ELEMS = MAIN > R *LDS ? MAIN : R * LDS;
+  static constexpr int BYTES = ELEMS * static_cast<int>(sizeof(A));
+  // Past the 48 KiB of a static allocation, dynamic shared memory (prepare_kernel raises the limit).
+  static constexpr bool DYNAMIC = BYTES > 48 * 1024;
+};
+
 // The body of v3, v4 and v5. The k loop streams BK-deep slices of A and B through shared memory (double-buffered
 // when STAGES == 2) into the thread's TM x TN accumulators. The epilogue then goes through shared memory in TM
 // rounds: in round (i, ii) every thread writes row ii of its patches i (TN values) into an R x BN stage, and the
@@ -639,11 +824,16 @@ __device__ __forceinline__ void store_epilogue_n(const MatmulArgs<T>& p, int64_t
 template <typename T, class C, Load LA, Load LB, bool PIPELINE>
 __device__ __forceinline__ void tiled_gemm(const MatmulArgs<T>& p, const TileGrid& g) {
   using A = acc_t<T>;
-  constexpr int A_TILE = C::BK * C::LDA, B_TILE = C::BK * C::LDB;
-  constexpr int R = C::BM / C::GM * C::TGM;                      // stage rows: one per thread row of the block
-  constexpr int LDS = C::BN + 64 / static_cast<int>(sizeof(A));  // rows a half bank-sweep apart: no conflicts
-  constexpr int MAIN = C::STAGES * (A_TILE + B_TILE), SMEM = MAIN > R * LDS ? MAIN : R * LDS;
-  __shared__ __align__(16) A smem[SMEM];
+  using S = TileSmem<C, A>;
+  constexpr int A_TILE = S::A_TILE, B_TILE = S::B_TILE, R = S::R, LDS = S::LDS;
+  A* smem;
+  if constexpr (S::DYNAMIC) {
+    extern __shared__ __align__(16) unsigned char smem_bytes[];
+    smem = reinterpret_cast<A*>(smem_bytes);
+  } else {
+    __shared__ __align__(16) A smem_static[S::ELEMS];
+    smem = smem_static;
+  }
 
   int64_t b, s, mt, nt, kb, ke;
   if (!tile_coords(g, b, s, mt, nt)) return;
@@ -660,8 +850,8 @@ __device__ __forceinline__ void tiled_gemm(const MatmulArgs<T>& p, const TileGri
   auto As = [&](int stage) { return smem + stage * A_TILE; };
   auto Bs = [&](int stage) { return smem + C::STAGES * A_TILE + stage * B_TILE; };
 
-  TileLoader<LA, T, C::BM, C::BK, C::THREADS, C::LDA> la;
-  TileLoader<LB, T, C::BN, C::BK, C::THREADS, C::LDB> lb;
+  LoaderFor<C, LA, T, C::BM, C::LDA> la;
+  LoaderFor<C, LB, T, C::BN, C::LDB> lb;
   la.init(p.a + b * p.a_bs + m0 * p.a_rs + kb * p.a_cs, p.a_rs, p.a_cs,
           static_cast<int>(p.m - m0 < C::BM ? p.m - m0 : C::BM));
   lb.init(p.b + b * p.b_bs + n0 * p.b_cs + kb * p.b_rs, p.b_cs, p.b_rs,
@@ -723,7 +913,7 @@ __device__ __forceinline__ void tiled_gemm(const MatmulArgs<T>& p, const TileGri
         } else {
           load_fragments<C>(As(cur), Bs(cur), kk + 1, a_off, b_off, fa[(kk + 1) & 1], fb[(kk + 1) & 1]);
         }
-        outer_product<C>(fa[kk & 1], fb[kk & 1], acc);
+        outer_product_snake<C>(fa[kk & 1], fb[kk & 1], acc);
       }
     }
   } else if constexpr (C::STAGES == 2) {
@@ -844,20 +1034,42 @@ bool c_vec_ok(const MatmulArgs<T>& p, int vw) {
 }
 
 template <int VERSION, typename T, class C, Load LA, Load LB>
-void launch_tiled(const MatmulArgs<T>& p, const TileGrid& g, cudaStream_t stream) {
-  dim3 grid;
-  tile_launch_grid(g, grid);  // matmul_simt_supported checked that it fits
+constexpr auto tiled_kernel() {
   if constexpr (VERSION == 3) {
-    matmul_v3_register_blocked_kernel<T, C, LA, LB><<<grid, C::THREADS, 0, stream>>>(p, g);
+    return matmul_v3_register_blocked_kernel<T, C, LA, LB>;
   } else if constexpr (VERSION == 4) {
-    matmul_v4_vectorized_kernel<T, C, LA, LB><<<grid, C::THREADS, 0, stream>>>(p, g);
+    return matmul_v4_vectorized_kernel<T, C, LA, LB>;
   } else {
-    matmul_v5_warp_tiled_kernel<T, C, LA, LB><<<grid, C::THREADS, 0, stream>>>(p, g);
+    return matmul_v5_warp_tiled_kernel<T, C, LA, LB>;
+  }
+}
+
+// Whether loader mode L moves a ROWS-row operand tile of config C by cp.async alone.
+template <class C, Load L, typename T, int ROWS>
+constexpr bool kAsyncOnly = (L == Load::vec_k && C::ASYNC_K && kAsyncTranspose<T, ROWS, C::BK, C::THREADS>) ||
+                            (L == Load::vec_mn && C::ASYNC_K && kAsyncRows<T, ROWS, C::BK, C::THREADS>);
+
+template <int VERSION, typename T, class C, Load LA, Load LB>
+cudaError_t launch_tiled(const MatmulArgs<T>& p, const TileGrid& g, cudaStream_t stream) {
+  if constexpr (std::is_same_v<C, V5Float> && !std::is_same_v<C, V5FloatStaged> &&
+                !(kAsyncOnly<C, LA, T, C::BM> && kAsyncOnly<C, LB, T, C::BN>)) {
+    return launch_tiled<VERSION, T, V5FloatStaged, LA, LB>(p, g, stream);
+  } else {
+    constexpr auto kernel = tiled_kernel<VERSION, T, C, LA, LB>();
+    using S = TileSmem<C, acc_t<T>>;
+    if constexpr (S::DYNAMIC) {
+      const cudaError_t err = prepare_kernel<kernel>(S::BYTES);
+      if (err != cudaSuccess) return err;
+    }
+    dim3 grid;
+    tile_launch_grid(g, grid);  // matmul_simt_supported checked that it fits
+    kernel<<<grid, C::THREADS, S::DYNAMIC ? S::BYTES : 0, stream>>>(p, g);
+    return cudaSuccess;
   }
 }
 
 template <int VERSION, typename T, class C, Load LA>
-void launch_tiled(const MatmulArgs<T>& p, const TileGrid& g, Load lb, cudaStream_t stream) {
+cudaError_t launch_tiled(const MatmulArgs<T>& p, const TileGrid& g, Load lb, cudaStream_t stream) {
   switch (lb) {
     case Load::vec_k:
       if constexpr (VERSION != 3) return launch_tiled<VERSION, T, C, LA, Load::vec_k>(p, g, stream);
@@ -870,11 +1082,12 @@ void launch_tiled(const MatmulArgs<T>& p, const TileGrid& g, Load lb, cudaStream
     default:
       return launch_tiled<VERSION, T, C, LA, Load::scalar_mn>(p, g, stream);
   }
+  return cudaErrorNotSupported;  // v3 never takes a vector loader
 }
 
 // v3 reads both operands with the scalar loaders; v4 and v5 pick a loader per operand.
 template <int VERSION, typename T, class C>
-void launch_tiled(const MatmulArgs<T>& p, const SplitK& sk, void* partial, cudaStream_t stream) {
+cudaError_t launch_tiled(const MatmulArgs<T>& p, const SplitK& sk, void* partial, cudaStream_t stream) {
   TileGrid g = with_split(make_grid(p.batch, p.m, p.n, C::BM, C::BN), sk, partial);
   Load la = pick_load(p.a, p.a_rs, p.a_cs, p.a_bs, p.m, p.k, p.batch);
   Load lb = pick_load(p.b, p.b_cs, p.b_rs, p.b_bs, p.n, p.k, p.batch);
@@ -896,6 +1109,7 @@ void launch_tiled(const MatmulArgs<T>& p, const SplitK& sk, void* partial, cudaS
     default:
       return launch_tiled<VERSION, T, C, Load::scalar_mn>(p, g, lb, stream);
   }
+  return cudaErrorNotSupported;  // v3 never takes a vector loader
 }
 
 // The tiles of `kernel`'s grid for these sizes.
@@ -943,9 +1157,8 @@ SplitK split_k(MatmulKernel kernel, const MatmulArgs<T>& p) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(256)
-    split_k_reduce_kernel(const __grid_constant__ MatmulArgs<T> p, const acc_t<T>* __restrict__ partial,
-                          int64_t splits) {
+__global__ void __launch_bounds__(256) split_k_reduce_kernel(const __grid_constant__ MatmulArgs<T> p,
+                                                             const acc_t<T>* __restrict__ partial, int64_t splits) {
   using A = acc_t<T>;
   const int64_t mn = p.m * p.n, total = p.batch * mn;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
@@ -1003,6 +1216,7 @@ cudaError_t matmul_simt(MatmulKernel kernel, const MatmulArgs<T>& args, cudaStre
   if (args.m == 0 || args.n == 0 || args.batch == 0) return cudaSuccess;
   // Without a workspace (the caller did not ask matmul_simt_workspace_bytes), no split.
   const SplitK sk = workspace != nullptr ? split_k(kernel, args) : SplitK{};
+  cudaError_t err = cudaSuccess;
   switch (kernel) {
     case MatmulKernel::naive: {
       const TileGrid g = version_grid(kernel, args);
@@ -1019,15 +1233,16 @@ cudaError_t matmul_simt(MatmulKernel kernel, const MatmulArgs<T>& args, cudaStre
       break;
     }
     case MatmulKernel::register_blocked:
-      launch_tiled<3, T, V3Config<T>>(args, sk, workspace, stream);
+      err = launch_tiled<3, T, V3Config<T>>(args, sk, workspace, stream);
       break;
     case MatmulKernel::vectorized:
-      launch_tiled<4, T, V4Config<T>>(args, sk, workspace, stream);
+      err = launch_tiled<4, T, V4Config<T>>(args, sk, workspace, stream);
       break;
     default:
-      launch_tiled<5, T, V5Config<T>>(args, sk, workspace, stream);
+      err = launch_tiled<5, T, V5Config<T>>(args, sk, workspace, stream);
       break;
   }
+  if (err != cudaSuccess) return err;
   if (sk.splits > 1) {
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
@@ -1037,15 +1252,17 @@ cudaError_t matmul_simt(MatmulKernel kernel, const MatmulArgs<T>& args, cudaStre
   return cudaGetLastError();
 }
 
-#define TORCHEXT_INSTANTIATE_MATMUL_SIMT(T)                                                         \
-  template bool matmul_simt_supported<T>(MatmulKernel, const MatmulArgs<T>&, const char**);         \
-  template size_t matmul_simt_workspace_bytes<T>(MatmulKernel, const MatmulArgs<T>&);               \
-  template int64_t matmul_simt_blocks<T>(MatmulKernel, const MatmulArgs<T>&);                       \
+#define TORCHEXT_INSTANTIATE_MATMUL_SIMT(T)                                                 \
+  template bool matmul_simt_supported<T>(MatmulKernel, const MatmulArgs<T>&, const char**); \
+  template size_t matmul_simt_workspace_bytes<T>(MatmulKernel, const MatmulArgs<T>&);       \
+  template int64_t matmul_simt_blocks<T>(MatmulKernel, const MatmulArgs<T>&);               \
   template cudaError_t matmul_simt<T>(MatmulKernel, const MatmulArgs<T>&, cudaStream_t, void*);
 TORCHEXT_INSTANTIATE_MATMUL_SIMT(float)
+#ifndef TORCHEXT_SIMT_FLOAT_ONLY  // benchmarks/simt_check.cu's quick builds
 TORCHEXT_INSTANTIATE_MATMUL_SIMT(double)
 TORCHEXT_INSTANTIATE_MATMUL_SIMT(__half)
 TORCHEXT_INSTANTIATE_MATMUL_SIMT(__nv_bfloat16)
+#endif
 #undef TORCHEXT_INSTANTIATE_MATMUL_SIMT
 
 }  // namespace torchext::cuda_ops
