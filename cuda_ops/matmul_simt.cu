@@ -269,24 +269,9 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes
   memset(static_cast<char*>(dst) + bytes, 0, 16 - bytes);
 #endif
 }
-// The same for one element of 4 or 8 bytes (cp.async.ca: sizes below 16 go through L1): `bytes` is the element's
-// size, or 0 for a zero.
-template <int SIZE>
-__device__ __forceinline__ void cp_async_elem(void* dst, const void* src, int bytes) {
-  static_assert(SIZE == 4 || SIZE == 8, "cp.async copies 4, 8 or 16 bytes");
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
-      "l"(src), "n"(SIZE), "r"(bytes)
-      : "memory");
-#elif !defined(__CUDA_ARCH__)
-  memcpy(dst, src, bytes);
-  memset(static_cast<char*>(dst) + bytes, 0, SIZE - bytes);
-#endif
-}
-// cp_async_elem of a full element when `index < limit`, else of a zero. The comparison sits inside the asm so the
-// compiler cannot hoist one predicate per copy out of the k loop: kept live across it, those predicates cost a
-// register each and made v5 spill (CUDA 13.0).
+// The same for one element of SIZE = 4 or 8 bytes (cp.async.ca: sizes below 16 go through L1), copied when
+// INDEX < limit, else zero-filled. The comparison sits inside the asm so the compiler cannot hoist one predicate per
+// copy out of the k loop: kept live across it, those predicates cost a register each and made v5 spill (CUDA 13.0).
 template <int SIZE, int INDEX>
 __device__ __forceinline__ void cp_async_elem_if_below(void* dst, const void* src, int limit) {
   static_assert(SIZE == 4 || SIZE == 8, "cp.async copies 4, 8 or 16 bytes");
@@ -301,8 +286,12 @@ __device__ __forceinline__ void cp_async_elem_if_below(void* dst, const void* sr
       "}\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
       "l"(src), "n"(SIZE), "n"(INDEX), "r"(limit)
       : "memory");
-#else
-  cp_async_elem<SIZE>(dst, src, INDEX < limit ? SIZE : 0);
+#elif !defined(__CUDA_ARCH__)
+  if (INDEX < limit) {
+    memcpy(dst, src, SIZE);
+  } else {
+    memset(dst, 0, SIZE);
+  }
 #endif
 }
 // Waits for this thread's copies; a barrier after it publishes them to the block.
@@ -317,10 +306,13 @@ __device__ __forceinline__ void cp_async_wait_all() {
 // (32 bytes: one sector) from 32 / KW consecutive rows, so it reads whole sectors and its transposing writes land on
 // 32 distinct banks (LD = ROWS + 4). Thread t copies k offsets t % KW + KW * kq of rows t / KW + RP * rr, for
 // rr < ROWS / RP and kq < BK / KW (RP = NT / KW rows per pass).
+template <typename T, int BK>
+constexpr int kTransposeRun = BK < 32 / int(sizeof(T)) ? BK : 32 / int(sizeof(T));  // KW: a sector's elements
+
 template <typename T, int ROWS, int BK, int NT, int LD>
 struct AsyncTransposeLoader {
   using A = acc_t<T>;
-  static constexpr int KW = BK < 32 / int(sizeof(T)) ? BK : 32 / int(sizeof(T)), RP = NT / KW;
+  static constexpr int KW = kTransposeRun<T, BK>, RP = NT / KW;
   static constexpr int PASSES = ROWS / RP, ITERS = PASSES * (BK / KW);
   static_assert(sizeof(T) == sizeof(A) && NT % KW == 0 && ROWS % RP == 0 && BK % KW == 0, "whole passes");
 
@@ -357,11 +349,9 @@ struct AsyncTransposeLoader {
 
 // Whether AsyncTransposeLoader can move this operand tile (v5 takes it where it can; v4 keeps TileLoader<vec_k>).
 template <typename T, int ROWS, int BK, int NT>
-constexpr bool kAsyncTranspose = [] {
-  constexpr int kw = BK < 32 / int(sizeof(T)) ? BK : 32 / int(sizeof(T));
-  return TORCHEXT_SIMT_CP_ASYNC && sizeof(T) == sizeof(acc_t<T>) && NT % kw == 0 && ROWS % (NT / kw) == 0 &&
-         BK % kw == 0;
-}();
+constexpr bool kAsyncTranspose =
+    TORCHEXT_SIMT_CP_ASYNC && sizeof(T) == sizeof(acc_t<T>) && NT % kTransposeRun<T, BK> == 0 &&
+    ROWS % (NT / kTransposeRun<T, BK>) == 0 && BK % kTransposeRun<T, BK> == 0;
 
 // 16-byte vectors along k through registers: one global load per vector, then VEC transposing smem stores.
 template <typename T, int ROWS, int BK, int NT, int LD>
@@ -792,16 +782,20 @@ __device__ __forceinline__ void store_epilogue_n(const MatmulArgs<T>& p, int64_t
   }
 }
 
+// Whether loader mode L moves a ROWS-row operand tile of config C by cp.async alone (one of the two loaders below).
+template <class C, Load L, typename T, int ROWS>
+constexpr bool kAsyncOnly = C::ASYNC_K && ((L == Load::vec_k && kAsyncTranspose<T, ROWS, C::BK, C::THREADS>) ||
+                                           (L == Load::vec_mn && kAsyncRows<T, ROWS, C::BK, C::THREADS>));
+
 // The loader of an operand in mode L. Where the config asks for them (v5), the cp.async loaders that hold one
 // pointer and no data: AsyncTransposeLoader for a k-contiguous float / double operand, AsyncRowLoader for an m / n
 // contiguous one. Else TileLoader (v4: the same code as before v5 had them, whose register allocation ran v4 4%
 // faster than with AsyncRowLoader).
 template <class C, Load L, typename T, int ROWS, int LD>
-using LoaderFor = std::conditional_t<
-    L == Load::vec_k && C::ASYNC_K && kAsyncTranspose<T, ROWS, C::BK, C::THREADS>,
-    AsyncTransposeLoader<T, ROWS, C::BK, C::THREADS, LD>,
-    std::conditional_t<L == Load::vec_mn && C::ASYNC_K && kAsyncRows<T, ROWS, C::BK, C::THREADS>,
-                       AsyncRowLoader<T, ROWS, C::BK, C::THREADS, LD>, TileLoader<L, T, ROWS, C::BK, C::THREADS, LD>>>;
+using LoaderFor =
+    std::conditional_t<!kAsyncOnly<C, L, T, ROWS>, TileLoader<L, T, ROWS, C::BK, C::THREADS, LD>,
+                       std::conditional_t<L == Load::vec_k, AsyncTransposeLoader<T, ROWS, C::BK, C::THREADS, LD>,
+                                          AsyncRowLoader<T, ROWS, C::BK, C::THREADS, LD>>>;
 
 // Shared memory of tiled_gemm, in elements of A: the operand tiles, and later the epilogue's stage (R rows of LDS).
 template <class C, typename A>
@@ -809,7 +803,7 @@ struct TileSmem {
   static constexpr int A_TILE = C::BK * C::LDA, B_TILE = C::BK * C::LDB;
   static constexpr int R = C::BM / C::GM * C::TGM;                      // one stage row per thread row of the block
   static constexpr int LDS = C::BN + 64 / static_cast<int>(sizeof(A));  // rows a half bank-sweep apart: no conflicts
-  static constexpr int MAIN = C::STAGES * (A_TILE + B_TILE), ELEMS = MAIN > R *LDS ? MAIN : R * LDS;
+  static constexpr int MAIN = C::STAGES * (A_TILE + B_TILE), ELEMS = MAIN > (R * LDS) ? MAIN : R * LDS;
   static constexpr int BYTES = ELEMS * static_cast<int>(sizeof(A));
   // Past the 48 KiB of a static allocation, dynamic shared memory (prepare_kernel raises the limit).
   static constexpr bool DYNAMIC = BYTES > 48 * 1024;
@@ -1043,11 +1037,6 @@ constexpr auto tiled_kernel() {
     return matmul_v5_warp_tiled_kernel<T, C, LA, LB>;
   }
 }
-
-// Whether loader mode L moves a ROWS-row operand tile of config C by cp.async alone.
-template <class C, Load L, typename T, int ROWS>
-constexpr bool kAsyncOnly = (L == Load::vec_k && C::ASYNC_K && kAsyncTranspose<T, ROWS, C::BK, C::THREADS>) ||
-                            (L == Load::vec_mn && C::ASYNC_K && kAsyncRows<T, ROWS, C::BK, C::THREADS>);
 
 template <int VERSION, typename T, class C, Load LA, Load LB>
 cudaError_t launch_tiled(const MatmulArgs<T>& p, const TileGrid& g, cudaStream_t stream) {
