@@ -49,28 +49,8 @@ def quantiles(samples) -> Timing:
 
 
 def time_fn(fn, device: str, warmup: int = 5, reps: int = 30, flush_l2: bool = True) -> Timing:
-    """Times fn() on `device`; returns microseconds."""
-    for _ in range(warmup):
-        fn()
-    if device == "cpu":
-        samples = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - t0) * 1e6)
-        return quantiles(samples)
-    torch.cuda.synchronize()
-    flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device=device) if flush_l2 else None
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        if flush is not None:
-            flush.zero_()
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return quantiles([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
+    """Times fn() on `device`; returns microseconds (time_interleaved with one function)."""
+    return time_interleaved([fn], device, warmup=warmup, reps=reps, flush_l2=flush_l2)[0]
 
 
 def time_interleaved(fns, device: str, warmup: int = 5, reps: int = 30, flush_l2: bool = True) -> list:
