@@ -24,21 +24,26 @@ at::Tensor unary_cpu(const char* op, const at::Tensor& self, F f) {
 }
 
 // grad_x[i] = f(grad_y[i], saved[i]); `saved` is the forward input or output, as the derivative needs. grad_x takes
-// saved's layout (checks.h, in_layout_of).
+// saved's layout (checks.h, in_layout_of); a grad_y that is one element expanded is read as that element.
 template <typename F>
 at::Tensor binary_cpu(const char* op, const at::Tensor& grad_output, const at::Tensor& saved, const char* saved_name,
                       F f) {
   check_floating(op, saved, saved_name);
   check_like(op, saved, saved_name, grad_output, "grad_output");
   const at::Tensor s = dense(saved);
-  const at::Tensor g = in_layout_of(grad_output, s);
+  const bool broadcast = is_broadcast_scalar(grad_output);
+  const at::Tensor g = broadcast ? grad_output : in_layout_of(grad_output, s);
   at::Tensor gx = at::empty_like(s);
   AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "torchext_binary_cpu", [&] {
     const scalar_t* gp = g.const_data_ptr<scalar_t>();
     const scalar_t* sp = s.const_data_ptr<scalar_t>();
     scalar_t* op_ = gx.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, s.numel(), at::internal::GRAIN_SIZE, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) op_[i] = f(gp[i], sp[i]);
+      if (broadcast) {
+        for (int64_t i = begin; i < end; ++i) op_[i] = f(gp[0], sp[i]);
+      } else {
+        for (int64_t i = begin; i < end; ++i) op_[i] = f(gp[i], sp[i]);
+      }
     });
   });
   return gx;

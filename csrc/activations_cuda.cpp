@@ -25,7 +25,8 @@ at::Tensor unary_cuda(const char* op, const at::Tensor& self, Launch launch) {
   return y;
 }
 
-// launch(const T* grad_y, const T* saved, T* grad_x, int64_t n, cudaStream_t).
+// launch(const T* grad_y, const T* saved, T* grad_x, int64_t n, bool grad_y_broadcast, cudaStream_t). A
+// grad_output that is one element expanded (checks.h, is_broadcast_scalar) is passed as that element.
 template <typename Launch>
 at::Tensor binary_cuda(const char* op, const at::Tensor& grad_output, const at::Tensor& saved, const char* saved_name,
                        Launch launch) {
@@ -33,12 +34,13 @@ at::Tensor binary_cuda(const char* op, const at::Tensor& grad_output, const at::
   check_like(op, saved, saved_name, grad_output, "grad_output");
   c10::cuda::CUDAGuard guard(saved.device());
   const at::Tensor s = dense(saved);
-  const at::Tensor g = in_layout_of(grad_output, s);
+  const bool broadcast = is_broadcast_scalar(grad_output);
+  const at::Tensor g = broadcast ? grad_output : in_layout_of(grad_output, s);
   at::Tensor gx = at::empty_like(s);
   if (s.numel() == 0) return gx;
   TORCHEXT_DISPATCH_CUDA_FLOATING(s.scalar_type(), "torchext_binary_cuda", [&] {
     C10_CUDA_CHECK(launch(cuda_ptr<scalar_t>(g), cuda_ptr<scalar_t>(s), cuda_mutable_ptr<scalar_t>(gx), s.numel(),
-                          current_stream()));
+                          broadcast, current_stream()));
   });
   return gx;
 }
@@ -49,8 +51,8 @@ at::Tensor relu_cuda(const at::Tensor& self) {
 }
 at::Tensor relu_backward_cuda(const at::Tensor& grad_output, const at::Tensor& output) {
   return binary_cuda("torchext::relu_backward", grad_output, output, "output",
-                     [](auto* g, auto* y, auto* gx, int64_t n, cudaStream_t s) {
-                       return cuda_ops::relu_backward(g, y, gx, n, s);
+                     [](auto* g, auto* y, auto* gx, int64_t n, bool bc, cudaStream_t s) {
+                       return cuda_ops::relu_backward(g, y, gx, n, bc, s);
                      });
 }
 
@@ -61,8 +63,8 @@ at::Tensor leaky_relu_cuda(const at::Tensor& self, double negative_slope) {
 }
 at::Tensor leaky_relu_backward_cuda(const at::Tensor& grad_output, const at::Tensor& self, double negative_slope) {
   return binary_cuda("torchext::leaky_relu_backward", grad_output, self, "self",
-                     [=](auto* g, auto* x, auto* gx, int64_t n, cudaStream_t s) {
-                       return cuda_ops::leaky_relu_backward(g, x, gx, n, negative_slope, s);
+                     [=](auto* g, auto* x, auto* gx, int64_t n, bool bc, cudaStream_t s) {
+                       return cuda_ops::leaky_relu_backward(g, x, gx, n, negative_slope, bc, s);
                      });
 }
 
@@ -72,8 +74,8 @@ at::Tensor sigmoid_cuda(const at::Tensor& self) {
 }
 at::Tensor sigmoid_backward_cuda(const at::Tensor& grad_output, const at::Tensor& output) {
   return binary_cuda("torchext::sigmoid_backward", grad_output, output, "output",
-                     [](auto* g, auto* y, auto* gx, int64_t n, cudaStream_t s) {
-                       return cuda_ops::sigmoid_backward(g, y, gx, n, s);
+                     [](auto* g, auto* y, auto* gx, int64_t n, bool bc, cudaStream_t s) {
+                       return cuda_ops::sigmoid_backward(g, y, gx, n, bc, s);
                      });
 }
 
@@ -83,8 +85,8 @@ at::Tensor tanh_cuda(const at::Tensor& self) {
 }
 at::Tensor tanh_backward_cuda(const at::Tensor& grad_output, const at::Tensor& output) {
   return binary_cuda("torchext::tanh_backward", grad_output, output, "output",
-                     [](auto* g, auto* y, auto* gx, int64_t n, cudaStream_t s) {
-                       return cuda_ops::tanh_backward(g, y, gx, n, s);
+                     [](auto* g, auto* y, auto* gx, int64_t n, bool bc, cudaStream_t s) {
+                       return cuda_ops::tanh_backward(g, y, gx, n, bc, s);
                      });
 }
 
@@ -97,8 +99,8 @@ at::Tensor gelu_cuda(const at::Tensor& self, c10::string_view approximate) {
 at::Tensor gelu_backward_cuda(const at::Tensor& grad_output, const at::Tensor& self, c10::string_view approximate) {
   const bool tanh_approx = parse_gelu_approximate(approximate);
   return binary_cuda("torchext::gelu_backward", grad_output, self, "self",
-                     [=](auto* g, auto* x, auto* gx, int64_t n, cudaStream_t s) {
-                       return cuda_ops::gelu_backward(g, x, gx, n, tanh_approx, s);
+                     [=](auto* g, auto* x, auto* gx, int64_t n, bool bc, cudaStream_t s) {
+                       return cuda_ops::gelu_backward(g, x, gx, n, tanh_approx, bc, s);
                      });
 }
 
@@ -108,8 +110,8 @@ at::Tensor silu_cuda(const at::Tensor& self) {
 }
 at::Tensor silu_backward_cuda(const at::Tensor& grad_output, const at::Tensor& self) {
   return binary_cuda("torchext::silu_backward", grad_output, self, "self",
-                     [](auto* g, auto* x, auto* gx, int64_t n, cudaStream_t s) {
-                       return cuda_ops::silu_backward(g, x, gx, n, s);
+                     [](auto* g, auto* x, auto* gx, int64_t n, bool bc, cudaStream_t s) {
+                       return cuda_ops::silu_backward(g, x, gx, n, bc, s);
                      });
 }
 

@@ -78,6 +78,17 @@ inline bool same_strides(const at::Tensor& a, const at::Tensor& b) {
   return true;
 }
 
+// Whether `t` is one element expanded to its whole shape (every stride of a dimension longer than 1 is 0): the
+// gradient that a sum or a mean hands back. Elementwise backward kernels read its single element in place of
+// copying it out to the full shape first (torch's TensorIterator does the same).
+inline bool is_broadcast_scalar(const at::Tensor& t) {
+  if (t.numel() <= 1) return false;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) != 1 && t.stride(d) != 0) return false;
+  }
+  return true;
+}
+
 // `t` in the memory layout of the dense tensor `layout` (same shape): `t` itself where it already is, else a copy.
 // An elementwise backward gives the gradient the layout of the tensor the forward saved, as torch's own backward
 // kernels do: a channels-last network keeps channels-last gradients where grad_output comes in another layout (the

@@ -62,6 +62,25 @@ def test_activation_matches_torch(name, device, dtype, shape, layout):
 
 
 @pytest.mark.parametrize("name", ACTIVATIONS)
+@pytest.mark.parametrize("device,dtype", device_dtype_params())
+@pytest.mark.parametrize("shape", [(1,), (7,), (3, 7, 10), (4, 33, 65)], ids=str)
+def test_activation_backward_of_expanded_gradient(name, device, dtype, shape):
+    """The gradient of a sum or mean reaches the backward kernel as one element expanded to the whole shape; the
+    kernels read that element in place (csrc/checks.h, is_broadcast_scalar). Every element must still get it, at
+    every size (vector body and tail) and for a value other than 1."""
+    ours_fn, torch_fn = ACTIVATIONS[name][:2]
+    x = make_tensor(shape, dtype, device, requires_grad=True)
+    grad = torch.tensor(-1.75, dtype=dtype, device=device).expand(shape)
+    poison_allocator(device, x)
+    (gx,) = torch.autograd.grad(ours_fn(x), x, grad)
+    (gx_torch,) = torch.autograd.grad(torch_fn(x), x, grad)
+    x64 = x.detach().to(torch.float64).requires_grad_(True)
+    (gx_ref,) = torch.autograd.grad(torch_fn(x64), x64, grad.to(torch.float64))
+    assert_accurate(gx, gx_torch, gx_ref, f"{name} x.grad from an expanded gradient")
+    assert gx.stride() == x.stride(), f"[{name}] gradient strides {gx.stride()} != input strides {x.stride()}"
+
+
+@pytest.mark.parametrize("name", ACTIVATIONS)
 @pytest.mark.parametrize("device", device_params())
 def test_activation_special_values(name, device):
     ours_fn, torch_fn = ACTIVATIONS[name][:2]
