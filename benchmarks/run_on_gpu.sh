@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: build torchext for the local torch, run the whole test suite (GPU tests included),
-# run the GPU tests again under compute-sanitizer memcheck, and run the op benchmark. Everything lands in $OUT.
+# run the GPU tests again under compute-sanitizer memcheck (racecheck and synccheck on request), and run the op
+# benchmark. Everything lands in $OUT. The property-based tests run their larger profile here
+# (TORCHEXT_HYPOTHESIS_PROFILE=gpu unless set).
 #
-#   OUT=out bash benchmarks/run_on_gpu.sh [build] [test] [memcheck] [bench] [matmul] [memory] [host] [compare] [ddp]
-#                                         [notebooks]
+#   OUT=out bash benchmarks/run_on_gpu.sh [build] [test] [memcheck] [racecheck] [synccheck] [bench] [matmul] [memory]
+#                                         [host] [compare] [ddp] [notebooks]
 #   (default: the first four)
 #
 # matmul runs benchmarks/bench_matmul.py (ladder, Linear, CPU GEMM; ~2 min on an H200, MATMUL_ARGS=--quick ~1 min).
@@ -27,6 +29,7 @@ OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-$(nproc)}
+export TORCHEXT_HYPOTHESIS_PROFILE=${TORCHEXT_HYPOTHESIS_PROFILE:-gpu}
 stages=${*:-build test memcheck bench}
 # The extension must share the process's libstdc++ (as torch does). Some images put a GCC wrapper first (seen:
 # /opt/gcc/bin/g++ via $CXX on the device machines) that links libstdc++ statically into the module; formatting a
@@ -60,17 +63,24 @@ if has test; then
   tail -1 "$OUT/pytest.log"
 fi
 
-if has memcheck; then
-  # Every GPU test of every kernel path in float32 and bfloat16 (float16 and float64 run the same code paths).
-  echo "== compute-sanitizer memcheck on the GPU tests (-k \"${MEMCHECK_K:=not float64 and not float16}\")"
-  compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 \
-    python -m pytest tests -q -p no:cacheprovider -m "gpu and not slow" -k "$MEMCHECK_K" -x > "$OUT/memcheck.log" 2>&1
-  rc=$?
-  grep -E "ERROR SUMMARY|Invalid|out of bounds|^FAILED" "$OUT/memcheck.log" | head -20
-  tail -1 "$OUT/memcheck.log"
-  echo "memcheck exit code $rc"
+# sanitize TOOL FILTER: the GPU tests matching FILTER (pytest -k) under compute-sanitizer --tool TOOL; its log to
+# $OUT/TOOL.log. memcheck covers every kernel path in float32 and bfloat16 (float16 and float64 run the same code
+# paths); racecheck (shared-memory hazards) and synccheck (barriers in divergent code) are slow, so by default they
+# run float32 only.
+sanitize() {
+  local tool=$1 filter=$2
+  echo "== compute-sanitizer $tool on the GPU tests (-k \"$filter\")"
+  compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+    python -m pytest tests -q -p no:cacheprovider -m "gpu and not slow" -k "$filter" -x > "$OUT/$tool.log" 2>&1
+  local rc=$?
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|out of bounds|hazard|Barrier|^FAILED" "$OUT/$tool.log" | head -20
+  tail -1 "$OUT/$tool.log"
+  echo "$tool exit code $rc"
   [ $rc -eq 0 ] || status=1
-fi
+}
+has memcheck && sanitize memcheck "${MEMCHECK_K:-not float64 and not float16}"
+has racecheck && sanitize racecheck "${RACECHECK_K:-not float64 and not float16 and not bfloat16}"
+has synccheck && sanitize synccheck "${SYNCCHECK_K:-not float64 and not float16 and not bfloat16}"
 
 # bench_stage TITLE SCRIPT NAME [ARGS...]: runs benchmarks/SCRIPT, the CSV to $OUT/NAME.csv, the tables to NAME.md.
 bench_stage() {
