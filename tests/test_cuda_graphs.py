@@ -2,18 +2,17 @@
 written into the static inputs, and compared with eager calls on the same values. A capture fails if an op
 synchronizes the host, allocates outside the graph's pool or touches a stream it must not; a replay gives stale or
 wrong results if an op baked a host-side value of its inputs into the graph. And a small model's whole training
-step (forward, backward, optimizer step) captured once and replayed, against the same steps run eagerly."""
+step (forward, backward, optimizer step) captured once and replayed, against the same steps run eagerly, by hand
+and through torchext.graphs.GraphedTrainStep."""
 
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import gpu
 from torch import nn
 
 import torchext
 import torchext.functional as TF
-
-pytestmark = gpu
+from torchext.graphs import GraphedTrainStep
 
 
 def capture(fn, static_inputs, warmup=3):
@@ -91,6 +90,7 @@ def _refill(tensors):
             t.copy_(torch.randint_like(t, 0, 10))
 
 
+@gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("name", OPS)
 def test_op_replays_in_a_cuda_graph(name, dtype):
@@ -107,6 +107,7 @@ def test_op_replays_in_a_cuda_graph(name, dtype):
         torch.testing.assert_close(grad, grad_eager, msg=lambda m: f"[{name} gradient after replay] {m}")
 
 
+@gpu
 def test_bad_target_inside_a_graph_gives_nan_and_no_error():
     """Inside a capture the deferred target check is off (a copy to the host cannot be captured): the documented
     behaviour is NaN for the offending rows and no error, at capture and at replay."""
@@ -131,6 +132,7 @@ def _small_cnn():
     )
 
 
+@gpu
 def test_whole_training_step_replays_like_eager_steps():
     """A swapped model's whole step (forward, backward, SGD step with momentum) captured once and replayed over new
     batches ends with the same weights as the same steps run eagerly. Warm-up steps run eagerly in both (capture
@@ -170,3 +172,74 @@ def test_whole_training_step_replays_like_eager_steps():
     torch.testing.assert_close(torch.stack(losses), torch.stack(losses_eager[warmup:]), msg=lambda m: f"[losses] {m}")
     for (name, p), p_eager in zip(graphed.named_parameters(), eager.parameters()):
         torch.testing.assert_close(p, p_eager, msg=lambda m, name=name: f"[{name} after the replayed steps] {m}")
+
+
+@gpu
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("autocast_dtype", [None, torch.bfloat16], ids=str)
+def test_graphed_train_step_matches_eager_training(optimizer, autocast_dtype):
+    """GraphedTrainStep's replays, with a OneCycle schedule changing a tensor lr between them, train the model to
+    the same weights and losses as plain eager steps from the same start: its warm-up steps leave no trace."""
+    torch.manual_seed(0)
+    stock = _small_cnn().cuda()
+    eager, graphed = (torchext.swap_modules(stock, inplace=False).model for _ in range(2))
+    criterion = torchext.nn.CrossEntropyLoss(label_smoothing=0.1)
+    batches = [(torch.randn(16, 3, 8, 8, device="cuda"), torch.randint(0, 10, (16,), device="cuda")) for _ in range(6)]
+
+    def make_optimizer(model):
+        lr = torch.tensor(0.05, device="cuda")
+        if optimizer == "sgd":
+            opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4, fused=True)
+        else:
+            opt = torch.optim.Adam(model.parameters(), lr=lr, capturable=True)
+        return opt, torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=len(batches))
+
+    opt_eager, sched_eager = make_optimizer(eager)
+    losses_eager = []
+    for xb, yb in batches:
+        opt_eager.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+            loss = criterion(eager(xb), yb)
+        loss.backward()
+        opt_eager.step()
+        sched_eager.step()
+        losses_eager.append(loss.detach().float())
+
+    opt, sched = make_optimizer(graphed)
+    step = GraphedTrainStep(graphed, criterion, opt, *batches[0], autocast_dtype=autocast_dtype)
+    losses = []
+    for xb, yb in batches:
+        losses.append(step(xb, yb).clone().float())
+        sched.step()
+    tol = {} if autocast_dtype is None else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(torch.stack(losses), torch.stack(losses_eager), **tol, msg=lambda m: f"[losses] {m}")
+    for (name, p), p_eager in zip(graphed.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p, p_eager, **tol, msg=lambda m, name=name: f"[{name} after training] {m}")
+
+
+@gpu
+def test_graphed_train_step_rejects_another_batch_shape():
+    model = _small_cnn().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, fused=True)
+    step = GraphedTrainStep(
+        model,
+        nn.CrossEntropyLoss(),
+        opt,
+        torch.randn(4, 3, 8, 8, device="cuda"),
+        torch.randint(0, 10, (4,), device="cuda"),
+    )
+    with pytest.raises(ValueError, match=r"`input` must match the captured one \(\(4, 3, 8, 8\)"):
+        step(torch.randn(5, 3, 8, 8, device="cuda"), torch.randint(0, 10, (5,), device="cuda"))
+
+
+def test_graphed_train_step_argument_errors():
+    model = _small_cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,))
+    with pytest.raises(ValueError, match="`example_input` must be a CUDA tensor"):
+        GraphedTrainStep(model, nn.CrossEntropyLoss(), opt, x, y)
+    with pytest.raises(TypeError, match="`example_target` must be a tensor, got list"):
+        GraphedTrainStep(model, nn.CrossEntropyLoss(), opt, x, [1, 2])
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="float16 autocast needs a GradScaler"):
+            GraphedTrainStep(model, nn.CrossEntropyLoss(), opt, x.cuda(), y.cuda(), autocast_dtype=torch.float16)

@@ -12,7 +12,7 @@ from ._loader import load_library
 
 _C = load_library()
 
-from . import data, functional, memory, models, nn, ops, profiling, swap  # noqa: E402
+from . import data, functional, graphs, memory, models, nn, ops, profiling, swap  # noqa: E402
 from .nn import Linear  # noqa: E402
 from .ops import matmul  # noqa: E402
 from .swap import swap_modules  # noqa: E402
@@ -26,6 +26,7 @@ __all__ = [
     "models",
     "data",
     "profiling",
+    "graphs",
     "swap",
     "Linear",
     "matmul",
