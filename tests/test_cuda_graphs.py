@@ -192,7 +192,9 @@ def test_graphed_train_step_matches_eager_training(optimizer, autocast_dtype):
             opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4, fused=True)
         else:
             opt = torch.optim.Adam(model.parameters(), lr=lr, capturable=True)
-        return opt, torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=len(batches))
+        return opt, torch.optim.lr_scheduler.OneCycleLR(
+            opt, max_lr=0.05, total_steps=len(batches), cycle_momentum=False
+        )
 
     opt_eager, sched_eager = make_optimizer(eager)
     losses_eager = []

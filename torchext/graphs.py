@@ -13,7 +13,9 @@ for any model, stock or torchext (every torchext op is capture-safe: tests/test_
 What the caller must know:
 - The optimizer must not synchronize the host in ``step()``: ``torch.optim.SGD(..., fused=True)`` or
   ``torch.optim.Adam(..., capturable=True)``. A learning rate that changes (a scheduler) must be a CUDA tensor, which
-  the graph reads at every replay; a float is baked into the graph at capture.
+  the graph reads at every replay; a float is baked into the graph at capture, and so are the other
+  hyper-parameters (momentum, betas, weight decay: a scheduler must not cycle them, e.g. OneCycleLR's
+  ``cycle_momentum=False``).
 - Capture needs a few eager warm-up steps (``warmup``). They run on the example batch and are then undone: the
   parameters and buffers are restored and the optimizer's state tensors are zeroed, which equals a fresh state for
   SGD (momentum, dampening 0) and Adam (the step counters are zeroed too), so the first replay is the model's first
