@@ -154,7 +154,8 @@ def make_extension():
         os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list
         print(f"torchext: CUDA build for TORCH_CUDA_ARCH_LIST={arch_list} (from {origin})", flush=True)
     else:
-        print("torchext: CPU-only build (TORCHEXT_CUDA=0 or no CUDA toolkit found)", flush=True)
+        why = "TORCHEXT_CUDA=0" if os.environ.get("TORCHEXT_CUDA") == "0" else "no CUDA toolkit (nvcc) found"
+        print(f"torchext: CPU-only build ({why})", flush=True)
     write_build_info(with_cuda)
 
     cpu_sources = sorted(glob.glob("csrc/*.cpp"))
