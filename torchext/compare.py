@@ -969,11 +969,11 @@ class _OutputWriter:
             t0 = time.perf_counter()
             try:
                 paths += make_plots(results, self.out)
+                self.skipped = _skipped_plots(results)
             except ImportError as e:
                 self.plots_missing = str(e)
                 warnings.warn(f"torchext-compare: no plots ({e}); pip install matplotlib", stacklevel=2)
             self.plot_time += time.perf_counter() - t0
-            self.skipped = _skipped_plots(results)
         elif self.paths:
             paths += [p for p in self.paths if p.endswith(".png")]
         self.paths = paths
