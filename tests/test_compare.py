@@ -20,7 +20,8 @@ from torchext.compare import CompareConfig, CompareError
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(TESTS_DIR)
-PLOTS = ("loss_curves.png", "accuracy_curves.png", "confusion_matrices.png", "speed.png", "memory.png")
+CPU_PLOTS = ("loss_curves.png", "accuracy_curves.png", "confusion_matrices.png", "speed.png")  # no memory on the CPU
+PLOTS = (*CPU_PLOTS, "memory.png")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -211,7 +212,7 @@ def test_summary_md(mlp_run):
     acc = s["models"]["stock"]["final_val_accuracy"]
     assert f"{100 * acc['mean']:.2f} ± {100 * acc['std']:.2f}%" in text
     assert f"{s['epoch_time_ratio']['mean']:.3f} ± {s['epoch_time_ratio']['std']:.3f}x" in text
-    assert "leave out epoch 1" in text and "| epoch time (s), epochs 2 |" in text
+    assert "leave out epoch 1" in text and "| epoch time (s), epoch 2 |" in text and "epochs 2" not in text
     assert "measured on CUDA devices only" in text
     assert "GPU-time share of torchext kernels: not measured" in text
     assert "Swap report" in text and str(results["swap_report_text"]).splitlines()[0] in text
@@ -221,12 +222,53 @@ def test_summary_md(mlp_run):
 def test_plots(mlp_run, tmp_path):
     pytest.importorskip("matplotlib")
     results, out, _ = mlp_run
-    for name in PLOTS:
+    for name in CPU_PLOTS:
         path = out / name
         assert path.is_file() and path.stat().st_size > 5000, f"[{name}] missing or empty"
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"[{name}] is not a PNG"
+    assert not (out / "memory.png").exists(), "[memory.png] drawn on the CPU, where no memory is measured"
+    (tmp_path / "again").mkdir()
+    (tmp_path / "again" / "memory.png").write_bytes(b"an earlier GPU run's")
     paths = compare.make_plots(results, str(tmp_path / "again"))
-    assert sorted(os.path.basename(p) for p in paths) == sorted(PLOTS)
+    assert sorted(os.path.basename(p) for p in paths) == sorted(CPU_PLOTS)
+    assert not (tmp_path / "again" / "memory.png").exists(), "[memory.png] a stale one is left beside new results"
+
+
+def _plot_texts(results, out_dir, monkeypatch) -> dict:
+    """Every text drawn in each plot (titles, labels, bar labels), by file name."""
+    from matplotlib.figure import Figure
+    from matplotlib.text import Text
+
+    texts = {}
+    savefig = Figure.savefig
+
+    def record(fig, path, **kwargs):
+        texts[os.path.basename(path)] = [t.get_text() for t in fig.findobj(Text) if t.get_text()]
+        return savefig(fig, path, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    compare.make_plots(results, str(out_dir))
+    return texts
+
+
+def test_plot_texts_are_readable(mlp_run, tmp_path, monkeypatch):
+    """Titles say which epochs the speed covers in words ('epoch 2', not 'epochs 2'), bar labels are plain numbers
+    with units (no '1.29e+04'), and the training seeds are not mixed with the validation split's seed."""
+    pytest.importorskip("matplotlib")
+    results = copy.deepcopy(mlp_run[0])
+    for s in results["seeds"]:  # images/s in the tens of thousands, as on a GPU
+        for m in s["models"].values():
+            for e in m["epochs"]:
+                e["epoch_time_s"], e["images_per_s"] = 0.025, e["images"] / 0.025
+    results["summary"] = compare.summarize(results)
+    texts = _plot_texts(results, tmp_path, monkeypatch)
+    speed = " | ".join(texts["speed.png"])
+    assert "speed over epoch 2 " in speed and "epochs 2" not in speed, speed
+    assert "12,800/s" in speed and "0.025 s" in speed, speed
+    assert not any("e+" in t for t in texts["speed.png"]), speed
+    accuracy = " | ".join(texts["accuracy_curves.png"])
+    assert "training seeds 0, 1: mean, band min-max" in accuracy, accuracy
+    assert "validation set: synthetic: 100 random images (data seed 0)" in accuracy, accuracy
 
 
 def test_make_plots_with_memory(mlp_run, tmp_path):
@@ -400,10 +442,10 @@ def test_torchrun_two_processes(tmp_path, mlp_run):
     assert results["environment"]["world_size"] == 2
     assert (out / "summary.md").is_file()
     has_matplotlib = importlib.util.find_spec("matplotlib") is not None
-    for name in PLOTS:
+    for name in CPU_PLOTS:
         assert (out / name).is_file() == has_matplotlib, name
     single = mlp_run[0]
-    for s, s1 in zip(results["seeds"], single["seeds"]):
+    for s, s1 in zip(results["seeds"], single["seeds"], strict=True):
         for name in ("stock", "torchext"):
             m, m1 = s["models"][name], s1["models"][name]
             assert int(torch.tensor(m["confusion_matrix"]).sum()) == 100, "[ddp confusion] every val image once"

@@ -145,7 +145,7 @@ def test_python_batches_in_an_archive(tmp_path):
         tar.add(tmp_path / "cifar-10-batches-py", arcname="cifar-10-batches-py")
     d = data.load_cifar10(tmp_path / "cifar-10-python.tar.gz", val_from="train", val_split=4, seed=1)
     assert d.classes == ("a", "b", "c")
-    assert d.val_source == "held-out 4 images of train (seed 1)"
+    assert d.val_source == "held-out 4 images of train (split seed 1)"
     assert len(d.train_y) + len(d.val_y) == 20
     assert_arrays(np.sort(np.concatenate([d.train_y, d.val_y])), np.sort(expected[1]), "labels")
 
@@ -172,8 +172,9 @@ def test_download_goes_through_torchvision(tmp_path, monkeypatch):
             raise OSError("no network")
 
     monkeypatch.setattr(torchvision.datasets, "CIFAR10", Offline)
-    with pytest.raises(RuntimeError, match="downloading CIFAR-10 into .*elsewhere.*no network"):
+    with pytest.raises(RuntimeError, match="downloading CIFAR-10 into .*elsewhere.*no network") as e:
         data.load_cifar10(tmp_path / "elsewhere", download=True)
+    assert "--data PATH" in str(e.value) and "cifar-10-batches-py" in str(e.value), "[offline] says what to do"
 
 
 def test_download_without_torchvision(tmp_path, monkeypatch):
@@ -192,7 +193,7 @@ def test_download_without_torchvision(tmp_path, monkeypatch):
 def test_holdout_is_stratified_disjoint_and_fixed(tmp_path):
     write_tree(tmp_path / "tree", n_train=5)
     d = data.load_cifar10(tmp_path / "tree", val_split=20, seed=3, num_workers=0)
-    assert d.val_source == "held-out 20 images of train (seed 3)"
+    assert d.val_source == "held-out 20 images of train (split seed 3)"
     assert np.bincount(d.val_y, minlength=10).tolist() == [2] * 10
     assert np.bincount(d.train_y, minlength=10).tolist() == [3] * 10
     train_rows = {x.tobytes() for x in d.train_x}
@@ -219,7 +220,7 @@ def test_holdout_split_unbalanced_classes():
 def test_val_from(tmp_path):
     write_tree(tmp_path / "tree", n_train=3, n_test=1)
     d = data.load_cifar10(tmp_path / "tree", val_from="train", val_split=10, num_workers=0)
-    assert d.val_source == "held-out 10 images of train (seed 0)" and len(d.train_y) == 20
+    assert d.val_source == "held-out 10 images of train (split seed 0)" and len(d.train_y) == 20
     write_tree(tmp_path / "notest", n_train=2)
     with pytest.raises(ValueError, match="notest has no test split"):
         data.load_cifar10(tmp_path / "notest", val_from="test", num_workers=0)
@@ -406,7 +407,7 @@ def check_against_reference(loader, x, y, epoch, pad):
     got = list(loader)
     want = list(reference_batches(x, y, plan, loader.batch_size, loader.drop_last, pad))
     assert len(got) == len(want) == len(loader)
-    for b, ((gx, gy), (wx, wy)) in enumerate(zip(got, want)):
+    for b, ((gx, gy), (wx, wy)) in enumerate(zip(got, want, strict=True)):
         torch.testing.assert_close(gx.cpu(), wx, msg=f"[batch {b} images]")
         assert torch.equal(gy.cpu(), wy), f"[batch {b} labels]"
 
@@ -477,7 +478,7 @@ def test_same_seed_same_order_other_seed_other_order():
 
     a, b, c = epochs(7), epochs(7), epochs(8)
     for e in range(2):
-        for (ax, ay), (bx, by) in zip(a[e], b[e]):
+        for (ax, ay), (bx, by) in zip(a[e], b[e], strict=True):
             assert torch.equal(ax, bx) and torch.equal(ay, by), f"[epoch {e}] same seed, different batches"
     assert not torch.equal(a[0][0][0], c[0][0][0]), "another seed gives another first batch"
     assert not torch.equal(a[0][0][0], a[1][0][0]), "each epoch has its own order"
@@ -522,7 +523,7 @@ def test_real_cifar10_jpeg_archive():
     d = data.load_cifar10(REAL_TAR)
     assert d.classes == data.CIFAR10_CLASSES
     assert d.train_x.shape == (45000, 32, 32, 3) and d.val_x.shape == (5000, 32, 32, 3)
-    assert d.val_source == "held-out 5000 images of train (seed 0)"
+    assert d.val_source == "held-out 5000 images of train (split seed 0)"
     counts = np.bincount(d.train_y, minlength=10) + np.bincount(d.val_y, minlength=10)
     assert counts.tolist() == [5000] * 10
     assert np.bincount(d.val_y, minlength=10).tolist() == [500] * 10

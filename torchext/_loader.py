@@ -36,6 +36,12 @@ def load_library():
         ) from e
 
 
+def build_info():
+    """torchext/_build_info.py, written by setup.py: the torch release built against, TORCHEXT_CUDA as set at build
+    time (None when unset), WITH_CUDA, CUDA_VERSION and CUDA_ARCH_LIST."""
+    return importlib.import_module("torchext._build_info")
+
+
 def built_with_cuda() -> bool:
     """Whether the compiled module contains the CUDA kernels."""
-    return importlib.import_module("torchext._build_info").WITH_CUDA
+    return build_info().WITH_CUDA

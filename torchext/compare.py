@@ -22,7 +22,7 @@ Usage::
     torchext-compare --model resnet18_cifar --data ~/data/cifar10 --out runs/resnet18   # the recipe below
     python -m torchext.compare --model cnn_cifar --seeds 0,1 --epochs 5 --out runs/cnn
     torchrun --nproc_per_node=8 -m torchext.compare --model resnet18_cifar --out runs/ddp  # DistributedDataParallel
-    torchext-compare --model mlp --data synthetic --device cpu --epochs 2 --out /tmp/smoke   # CI, no dataset
+    torchext-compare --model mlp --data synthetic --device cpu --epochs 2 --seeds 0 --out runs/smoke   # CPU smoke
 
 Recipes (defaults per model; any flag given explicitly overrides its value):
 
@@ -51,9 +51,14 @@ per rank, as in plain DDP). Losses, accuracies and confusion matrices are summed
 slowest rank's, memory peaks the largest rank's; rank 0 writes the outputs.
 
 Outputs in ``--out``: ``results.json`` (the configuration, the environment, every per-epoch figure, memory, the swap
-report, the GPU-time share, and the summary), ``summary.md`` (mean +- std over seeds) and the plots
-``loss_curves.png``, ``accuracy_curves.png``, ``confusion_matrices.png``, ``speed.png``, ``memory.png``
-(:func:`make_plots`, which the notebook calls too).
+report, the GPU-time share, the summary, and ``status``: running, interrupted or complete), ``summary.md`` (mean +-
+std over seeds) and the plots ``loss_curves.png``, ``accuracy_curves.png``, ``confusion_matrices.png``,
+``speed.png`` and, on CUDA, ``memory.png`` (:func:`make_plots`, which the notebook calls too). They are written
+after every epoch that both models finished, so an interrupted run keeps what it measured; Ctrl-C ends the run,
+writes the results once more marked interrupted, says what the folder holds and exits with status 130.
+
+Without ``--device`` on a machine without a GPU the tool refuses at once (a usage error naming ``--device cpu`` and
+the CPU smoke command, ``SMOKE_COMMAND``): the recipes are sized for a GPU.
 
 Library use: ``run(CompareConfig(model="mlp", data="synthetic", epochs=2, out="/tmp/x"))`` returns the
 ``results.json`` content; ``make_plots(results, out_dir)`` draws the plots again.
@@ -164,8 +169,9 @@ class CompareConfig:
     download:         fetch CIFAR-10 with torchvision when ``data`` holds none.
     val_split, val_from: the validation set (``load_cifar10``'s arguments): the test split when there is one
                       (``val_from='auto'``), else ``val_split`` images held out of train.
-    device:           'cuda', 'cuda:1', 'cpu', or None (CUDA when available). Under torchrun each rank uses
-                      ``cuda:LOCAL_RANK`` (or the CPU when the device is 'cpu').
+    device:           'cuda', 'cuda:1', 'cpu', or None: CUDA, and a CompareError where no GPU is visible (the
+                      CPU must be asked for). Under torchrun each rank uses ``cuda:LOCAL_RANK`` (or the CPU when
+                      the device is 'cpu').
     out:              output folder.
     swap_linear, swap_activations, fuse: passed to ``torchext.swap_modules``.
     profile_steps:    training steps profiled for the GPU-time share (CUDA only; 0 skips it).
@@ -412,7 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--synthetic-train", type=int, default=d.synthetic_train, help="train images with --data synthetic")
     p.add_argument("--synthetic-val", type=int, default=d.synthetic_val, help="val images with --data synthetic")
-    p.add_argument("--device", default=d.device, help="cuda, cuda:N or cpu (default: cuda when available)")
+    p.add_argument(
+        "--device", default=d.device, help="cuda, cuda:N or cpu (default: cuda; without a GPU, cpu must be given)"
+    )
     p.add_argument("--out", default=d.out, help=f"output folder (default: {d.out})")
     p.add_argument("--swap-linear", action=argparse.BooleanOptionalAction, default=True, help="swap nn.Linear")
     p.add_argument(
@@ -467,7 +475,7 @@ class _Contender:
 
 def _requested_device(config: CompareConfig) -> torch.device:
     """The device named by the configuration, checked without initializing CUDA (the pool must come first)."""
-    name = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    name = config.device or _default_device(config.model)
     try:
         device = torch.device(name)
     except RuntimeError as e:
@@ -477,6 +485,20 @@ def _requested_device(config: CompareConfig) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CompareError(f"--device {name}: no CUDA device is visible (use --device cpu)")
     return device
+
+
+SMOKE_COMMAND = "torchext-compare --model mlp --data synthetic --device cpu --epochs 2 --seeds 0 --out runs/smoke"
+
+
+def _default_device(model: str) -> str:
+    """'cuda' when a GPU is visible. Without one the comparison is refused rather than run on the CPU by default:
+    the recipes are sized for a GPU (ResNet-18's takes hours on a CPU), so the CPU must be asked for."""
+    if torch.cuda.is_available():
+        return "cuda"
+    raise CompareError(
+        f"no CUDA GPU is visible, and the {model} recipe is meant for one (on a CPU it takes hours). To see what "
+        f"the tool does on the CPU in a minute: {SMOKE_COMMAND}. To train {model} on the CPU anyway: add --device cpu"
+    )
 
 
 def _resolve_device(device: torch.device, dist: _Dist) -> torch.device:
@@ -762,7 +784,12 @@ def _run_pool_child(config: CompareConfig) -> dict:
     env = dict(os.environ)
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-    proc = subprocess.run(cmd, env=env)
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        proc.wait()
+    except KeyboardInterrupt:
+        proc.wait()  # Ctrl-C reached the child too: let it write what it measured and say so
+        raise
     if proc.returncode != 0:
         raise RuntimeError(f"the --allocator pool child process failed with exit code {proc.returncode}: {cmd}")
     if _dist_from_env().rank != 0:
@@ -861,29 +888,113 @@ def _run(cfg: CompareConfig, config: CompareConfig, device, dist: _Dist, notes: 
         )
     if log:
         print(f"torchext-compare: {cfg.model} on {device} x{dist.world}; {data.describe()}", flush=True)
-    for i, seed in enumerate(cfg.seeds):
-        profile = i == len(cfg.seeds) - 1 and device.type == "cuda" and cfg.profile_steps > 0
-        results["seeds"].append(_run_seed(seed, cfg, data, val_loader, device, dist, results, bars, log, profile))
-        gc.collect()  # the seed's models, optimizers and loader are gone: give their memory back before the next
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    if cfg.allocator == "pool" and device.type == "cuda":
-        from . import memory
+    writer = _OutputWriter(cfg.out, enabled=dist.main)
 
-        results["memory"]["pool_stats"] = memory.stats(device)
-        results["memory"]["pool_kind"] = memory.enabled_kind()
-    results["wall_time_s"] = time.perf_counter() - start
-    results["summary"] = summarize(results)
-    results = _jsonable(results)
-    if dist.main:
-        write_outputs(results, cfg.out)
-        if log:
-            print(f"torchext-compare: wrote {cfg.out}/results.json, summary.md and plots", flush=True)
+    def checkpoint(status: str) -> dict:
+        """The results so far, with their status, written to --out (rank 0)."""
+        results["status"] = status
+        if cfg.allocator == "pool" and device.type == "cuda":
+            from . import memory
+
+            results["memory"]["pool_stats"] = memory.stats(device)
+            results["memory"]["pool_kind"] = memory.enabled_kind()
+        results["wall_time_s"] = time.perf_counter() - start
+        snapshot = _jsonable({**results, "summary": summarize(results)})
+        writer.write(snapshot, final=status != "running")
+        return snapshot
+
+    try:
+        for i, seed in enumerate(cfg.seeds):
+            profile = i == len(cfg.seeds) - 1 and device.type == "cuda" and cfg.profile_steps > 0
+            results["seeds"].append({"seed": seed, "models": {}})
+            _run_seed(seed, cfg, data, val_loader, device, dist, results, bars, log, profile, checkpoint)
+            gc.collect()  # the seed's models, optimizers and loader are gone: give their memory back before the next
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    except KeyboardInterrupt:
+        if results["seeds"] and not results["seeds"][-1]["models"]:
+            results["seeds"].pop()  # interrupted before the seed's first epoch ended: nothing of it to keep
+        if dist.main and log:
+            print(f"\ntorchext-compare: interrupted; {_progress_text(results)}", flush=True)
+        if results["seeds"]:
+            checkpoint("interrupted")
+        if dist.main and log:
+            print(f"torchext-compare: {writer.describe()}", flush=True)
+        raise
+    results = checkpoint("complete")
+    if dist.main and log:
+        print(f"torchext-compare: {writer.describe()}", flush=True)
     return results
 
 
-def _run_seed(seed, cfg, data, val_loader, device, dist: _Dist, results: dict, bars: bool, log: bool, profile: bool):
-    """Trains both models for one seed and returns its results entry; fills in the swap report on the first seed
+def _progress_text(results: dict) -> str:
+    """How far the run got, in words: 'seed 0: 2 of 15 epochs; seeds 1, 2 not started'."""
+    cfg = results["config"]
+    done = {s["seed"]: _epochs_done(s) for s in results["seeds"]}
+    parts = [f"seed {seed}: {n} of {cfg['epochs']} epochs" for seed, n in done.items()]
+    missing = [str(seed) for seed in cfg["seeds"] if seed not in done]
+    if missing:
+        parts.append(f"seed{'s' if len(missing) > 1 else ''} {', '.join(missing)} not started")
+    return "; ".join(parts)
+
+
+def _epochs_done(seed_result: dict) -> int:
+    """The epochs both models of a seed finished (what the written results hold for it)."""
+    models = seed_result["models"]
+    return min(len(m["epochs"]) for m in models.values()) if models else 0
+
+
+class _OutputWriter:
+    """Writes results.json, summary.md and the plots into ``out`` after every epoch, so that an interrupted run keeps
+    what it measured. results.json and summary.md are rewritten every time; the plots too, unless drawing them has
+    taken more than a tenth of the run's time so far (fast epochs on a GPU), and always at the end. Only rank 0
+    writes (``enabled``). ``describe()`` says what the folder holds, for the last line of the run."""
+
+    PLOT_SHARE = 0.1
+
+    def __init__(self, out: str, enabled: bool = True):
+        self.out, self.enabled = out, enabled
+        self.start = time.perf_counter()
+        self.plot_time = 0.0
+        self.paths: list[str] = []
+        self.plots_missing: str | None = None  # why no plots were drawn (matplotlib missing)
+        self.skipped: list[tuple[str, str]] = []  # (plot, why it was left out)
+
+    def write(self, results: dict, final: bool) -> None:
+        if not self.enabled:
+            return
+        paths = _write_tables(results, self.out)
+        elapsed = time.perf_counter() - self.start
+        if self.plots_missing is None and (final or self.plot_time <= self.PLOT_SHARE * elapsed):
+            t0 = time.perf_counter()
+            try:
+                paths += make_plots(results, self.out)
+                self.skipped = _skipped_plots(results)
+            except ImportError as e:
+                self.plots_missing = str(e)
+                warnings.warn(f"torchext-compare: no plots ({e}); pip install matplotlib", stacklevel=2)
+            self.plot_time += time.perf_counter() - t0
+        elif self.paths:
+            paths += [p for p in self.paths if p.endswith(".png")]
+        self.paths = paths
+
+    def describe(self) -> str:
+        if not self.paths:
+            return f"nothing written to {self.out}: no epoch had ended"
+        names = [os.path.basename(p) for p in self.paths]
+        text = f"wrote {', '.join(names)} to {self.out}"
+        if self.plots_missing is not None:
+            text += "; no plots: matplotlib is not installed (pip install matplotlib)"
+        for name, reason in self.skipped:
+            text += f"; no {name}: {reason}"
+        return text
+
+
+def _run_seed(
+    seed, cfg, data, val_loader, device, dist: _Dist, results: dict, bars: bool, log: bool, profile: bool, checkpoint
+):
+    """Trains both models for one seed, filling in its entry, the last of ``results["seeds"]``, and calling
+    ``checkpoint("running")`` after every epoch both models finished; fills in the swap report on the first seed
     and, when ``profile``, the GPU-time share of the final torchext model. Nothing of the seed outlives the call."""
     import torchext
 
@@ -931,19 +1042,8 @@ def _run_seed(seed, cfg, data, val_loader, device, dist: _Dist, results: dict, b
                     f"  {record['images_per_s']:.0f} img/s",
                     flush=True,
                 )
-    seed_result = {"seed": seed, "models": {}}
-    for c in contenders:
-        peaks = [e["peak_allocated_bytes"] for e in c.epochs if e["peak_allocated_bytes"] is not None]
-        reserved = [e["peak_reserved_bytes"] for e in c.epochs if e["peak_reserved_bytes"] is not None]
-        seed_result["models"][c.name] = {
-            "epochs": c.epochs,
-            "final_val_accuracy": c.epochs[-1]["val_accuracy"],
-            "final_val_loss": c.epochs[-1]["val_loss"],
-            "final_train_loss": c.epochs[-1]["train_loss"],
-            "peak_allocated_bytes": max(peaks) if peaks else None,
-            "peak_reserved_bytes": max(reserved) if reserved else None,
-            "confusion_matrix": c.confusion,
-        }
+        results["seeds"][-1] = _seed_entry(seed, contenders)
+        checkpoint("running")
     if profile:
         # After every figure is recorded: the profiled steps change the final models, which are not evaluated
         # again. Both models are profiled, so that their GPU work per step can be set against their wall time.
@@ -963,7 +1063,24 @@ def _run_seed(seed, cfg, data, val_loader, device, dist: _Dist, results: dict, b
             import torch.distributed as tdist
 
             tdist.barrier()
-    return seed_result
+
+
+def _seed_entry(seed: int, contenders: list) -> dict:
+    """A seed's results entry: each model's epochs so far, its final figures (those of its last epoch) and peaks."""
+    entry = {"seed": seed, "models": {}}
+    for c in contenders:
+        peaks = [e["peak_allocated_bytes"] for e in c.epochs if e["peak_allocated_bytes"] is not None]
+        reserved = [e["peak_reserved_bytes"] for e in c.epochs if e["peak_reserved_bytes"] is not None]
+        entry["models"][c.name] = {
+            "epochs": list(c.epochs),
+            "final_val_accuracy": c.epochs[-1]["val_accuracy"],
+            "final_val_loss": c.epochs[-1]["val_loss"],
+            "final_train_loss": c.epochs[-1]["train_loss"],
+            "peak_allocated_bytes": max(peaks) if peaks else None,
+            "peak_reserved_bytes": max(reserved) if reserved else None,
+            "confusion_matrix": c.confusion,
+        }
+    return entry
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -985,13 +1102,22 @@ def _timed_epochs(epochs: list) -> list:
     return epochs[1:] if len(epochs) > 1 else epochs
 
 
+def _summary_seeds(results: dict) -> list:
+    """The seeds the summary is over: those with the most epochs (every seed of a finished run; in one still going
+    or interrupted, a seed cut short is left out, so that final figures are compared at the same epoch)."""
+    seeds = [s for s in results["seeds"] if _epochs_done(s)]
+    most = max((_epochs_done(s) for s in seeds), default=0)
+    return [s for s in seeds if _epochs_done(s) == most]
+
+
 def summarize(results: dict) -> dict:
     """Means and standard deviations over seeds (sample std) of each model's final figures, and the paired
-    torchext-vs-stock differences and ratios computed per seed."""
+    torchext-vs-stock differences and ratios computed per seed (over ``_summary_seeds``)."""
     per_model = {}
     per_seed = {name: {} for name in MODEL_NAMES}
+    seeds = _summary_seeds(results)
     for name in MODEL_NAMES:
-        rows = [s["models"][name] for s in results["seeds"]]
+        rows = [s["models"][name] for s in seeds]
         per_seed[name]["final_val_accuracy"] = [r["final_val_accuracy"] for r in rows]
         per_seed[name]["final_train_loss"] = [r["final_train_loss"] for r in rows]
         per_seed[name]["final_val_loss"] = [r["final_val_loss"] for r in rows]
@@ -1009,12 +1135,12 @@ def summarize(results: dict) -> dict:
 
     def paired(key, fn):
         out = []
-        for a, b in zip(per_seed["torchext"][key], per_seed["stock"][key]):
+        for a, b in zip(per_seed["torchext"][key], per_seed["stock"][key], strict=True):
             if a is not None and b is not None and (fn != "ratio" or b):
                 out.append(a - b if fn == "diff" else a / b)
         return _stats(out)
 
-    n_epochs = len(results["seeds"][0]["models"]["stock"]["epochs"]) if results["seeds"] else 0
+    n_epochs = _epochs_done(seeds[0]) if seeds else 0
     return {
         "models": per_model,
         "accuracy_diff": paired("final_val_accuracy", "diff"),
@@ -1023,7 +1149,8 @@ def summarize(results: dict) -> dict:
         "peak_allocated_ratio": paired("peak_allocated_bytes", "ratio"),
         "peak_reserved_ratio": paired("peak_reserved_bytes", "ratio"),
         "timed_epochs": f"2-{n_epochs}" if n_epochs > 2 else str(n_epochs),
-        "seeds": len(results["seeds"]),
+        "seeds": len(seeds),
+        "summary_seeds": [s["seed"] for s in seeds],
         "gpu_busy": gpu_busy(results) if results["seeds"] else None,
     }
 
@@ -1094,16 +1221,35 @@ def _busy_text(b: dict) -> str:
     )
 
 
+def _timed_text(timed: str) -> str:
+    """'epochs 2-15', 'epoch 2' or 'epoch 1': the epochs the speed figures cover (``summary["timed_epochs"]``)."""
+    return f"epochs {timed}" if "-" in timed else f"epoch {timed}"
+
+
+def _status_text(results: dict) -> str | None:
+    """A line saying the results are partial (run still going, or interrupted), None for a finished run."""
+    status = results.get("status", "complete")
+    if status == "complete":
+        return None
+    state = "interrupted" if status == "interrupted" else "still running"
+    return (
+        f"**Partial results: the run is {state}** ({_progress_text(results)}). Figures are those of the epochs "
+        "completed."
+    )
+
+
 def render_summary(results: dict) -> str:
     """summary.md: the configuration in one paragraph, the table of means ± std over seeds, the notes."""
     s = results.get("summary") or summarize(results)
     cfg, env, data = results["config"], results["environment"], results["data"]
     m = s["models"]
     mib = 1.0 / 2**20
-    timed = s["timed_epochs"]
+    timed = _timed_text(s["timed_epochs"])
+    status = _status_text(results)
     lines = [
         f"# torchext vs stock PyTorch: {cfg['model']}",
         "",
+        *([status, ""] if status else []),
         f"{env['date']}; {env.get('gpu') or env['device']} x{env['world_size']}; torch {env['torch']}, CUDA "
         f"{env['cuda']}, torchext {env['torchext']}.",
         "",
@@ -1126,9 +1272,9 @@ def render_summary(results: dict) -> str:
         f"{_pm(m['torchext']['final_val_loss'], 1, 4)} | |",
         f"| final train loss | {_pm(m['stock']['final_train_loss'], 1, 4)} | "
         f"{_pm(m['torchext']['final_train_loss'], 1, 4)} | |",
-        f"| epoch time (s), epochs {timed} | {_pm(m['stock']['epoch_time_s'], 1, 3)} | "
+        f"| epoch time (s), {timed} | {_pm(m['stock']['epoch_time_s'], 1, 3)} | "
         f"{_pm(m['torchext']['epoch_time_s'], 1, 3)} | {_pm(s['epoch_time_ratio'], 1, 3, 'x')} |",
-        f"| images/s, epochs {timed} | {_pm(m['stock']['images_per_s'], 1, 0)} | "
+        f"| images/s, {timed} | {_pm(m['stock']['images_per_s'], 1, 0)} | "
         f"{_pm(m['torchext']['images_per_s'], 1, 0)} | {_pm(s['images_per_s_ratio'], 1, 3, 'x')} |",
         f"| peak allocated (MiB) | {_pm(m['stock']['peak_allocated_bytes'], mib, 1)} | "
         f"{_pm(m['torchext']['peak_allocated_bytes'], mib, 1)} | {_pm(s['peak_allocated_ratio'], 1, 3, 'x')} |",
@@ -1136,7 +1282,7 @@ def render_summary(results: dict) -> str:
         f"{_pm(m['torchext']['peak_reserved_bytes'], mib, 1)} | {_pm(s['peak_reserved_ratio'], 1, 3, 'x')} |",
         "",
     ]
-    if timed == "1":
+    if s["timed_epochs"] == "1":
         lines.append("Speed figures include epoch 1 (the only epoch), with its warm-up (cudnn benchmark, compile).")
     else:
         on_cuda = str(env["device"]).startswith("cuda")
@@ -1145,7 +1291,7 @@ def render_summary(results: dict) -> str:
             + (["torch.compile"] if cfg["compile"] else [])
         )
         lines.append(
-            f"Speed figures leave out epoch 1, which includes {warmup} warm-up: they cover epochs {timed}. Epoch "
+            f"Speed figures leave out epoch 1, which includes {warmup} warm-up: they cover {timed}. Epoch "
             "time is training only (validation not timed); the ratio is torchext / stock, below 1 means torchext "
             "is faster."
         )
@@ -1181,15 +1327,23 @@ def render_summary(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(results: dict, out_dir: str) -> list[str]:
-    """Writes results.json, summary.md and the plots into out_dir; returns the paths written."""
+def _write_tables(results: dict, out_dir: str) -> list[str]:
+    """Writes results.json and summary.md into out_dir, each through a temporary file renamed over the old one (an
+    interrupt never leaves half a file); returns their paths."""
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, "results.json"), os.path.join(out_dir, "summary.md")]
-    with open(paths[0], "w") as f:
-        json.dump(results, f, indent=1)
-        f.write("\n")
-    with open(paths[1], "w") as f:
-        f.write(render_summary(results))
+    texts = [json.dumps(results, indent=1) + "\n", render_summary(results)]
+    for path, text in zip(paths, texts, strict=True):
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+    return paths
+
+
+def write_outputs(results: dict, out_dir: str) -> list[str]:
+    """Writes results.json, summary.md and the plots into out_dir; returns the paths written (no plots, with a
+    warning saying to install matplotlib, where it is missing)."""
+    paths = _write_tables(results, out_dir)
     try:
         paths += make_plots(results, out_dir)
     except ImportError as e:
@@ -1204,9 +1358,37 @@ _COLORS = {"stock": "#4c72b0", "torchext": "#dd8452"}
 
 
 def _curve(results: dict, name: str, key: str):
-    """(epochs, mean, min, max) over seeds of a per-epoch figure."""
-    rows = np.array([[e[key] for e in s["models"][name]["epochs"]] for s in results["seeds"]], dtype=np.float64)
-    return np.arange(1, rows.shape[1] + 1), rows.mean(0), rows.min(0), rows.max(0)
+    """(epochs, mean, min, max) over seeds of a per-epoch figure; where a seed was cut short (an interrupted run), each
+    epoch's figures are over the seeds that reached it."""
+    runs = [[e[key] for e in s["models"][name]["epochs"]] for s in results["seeds"] if s["models"]]
+    rows = np.full((len(runs), max(map(len, runs))), np.nan)
+    for i, run_ in enumerate(runs):
+        rows[i, : len(run_)] = run_
+    return np.arange(1, rows.shape[1] + 1), np.nanmean(rows, 0), np.nanmin(rows, 0), np.nanmax(rows, 0)
+
+
+def _seeds_text(results: dict) -> str:
+    """The training seeds a curve is over: 'training seed 0' or 'training seeds 0, 1, 2: mean, band min-max'."""
+    seeds = [str(s["seed"]) for s in results["seeds"] if s["models"]]
+    if len(seeds) == 1:
+        return f"training seed {seeds[0]}"
+    return f"training seeds {', '.join(seeds)}: mean, band min-max"
+
+
+def _skipped_plots(results: dict) -> list[tuple[str, str]]:
+    """(file, reason) of the plots make_plots leaves out for these results."""
+    s = results.get("summary") or summarize(results)
+    if s["models"]["stock"]["peak_allocated_bytes"] is None:
+        return [("memory.png", "peak memory is measured on CUDA devices only")]
+    return []
+
+
+def _seconds_label(v: float) -> str:
+    return f"{v:.3f} s" if v < 1 else f"{v:.2f} s" if v < 100 else f"{v:,.0f} s"
+
+
+def _rate_label(v: float) -> str:
+    return f"{v:,.0f}/s" if v >= 10 else f"{v:.2f}/s"
 
 
 def _plot_curves(ax, results, key, scale=1.0):
@@ -1224,16 +1406,18 @@ def _plot_curves(ax, results, key, scale=1.0):
 
 
 def make_plots(results: dict, out_dir: str) -> list[str]:
-    """Draws loss_curves.png, accuracy_curves.png, confusion_matrices.png, speed.png and memory.png from a
-    results.json dict into out_dir and returns their paths. Curves are the mean over seeds with a min-max band.
-    Uses matplotlib's object API (no pyplot state, no backend switch), so it works in scripts and notebooks."""
+    """Draws loss_curves.png, accuracy_curves.png, confusion_matrices.png, speed.png and, where peak memory was
+    measured (CUDA), memory.png from a results.json dict into out_dir and returns their paths (``_skipped_plots``
+    says which were left out and why; a memory.png left from an earlier run is removed). Curves are the mean over
+    seeds with a min-max band. Uses matplotlib's object API (no pyplot state, no backend switch), so it works in
+    scripts and notebooks."""
     from matplotlib.figure import Figure
 
     os.makedirs(out_dir, exist_ok=True)
     s = results.get("summary") or summarize(results)
     model = results["config"]["model"]
-    nseeds = len(results["seeds"])
-    band = f"mean of {nseeds} seeds, band min-max" if nseeds > 1 else "1 seed"
+    summary_seeds = _summary_seeds(results)
+    band = _seeds_text(results)
     paths = []
 
     def save(fig, name):
@@ -1254,16 +1438,16 @@ def make_plots(results: dict, out_dir: str) -> list[str]:
     ax = fig.subplots()
     _plot_curves(ax, results, "val_accuracy", 100.0)
     ax.set_ylabel("validation accuracy (%)")
-    ax.set_title(f"{model}: accuracy on {results['data']['val_source']} ({band})", fontsize=9)
+    ax.set_title(f"{model}: validation accuracy ({band})\nvalidation set: {results['data']['val_source']}", fontsize=9)
     save(fig, "accuracy_curves.png")
 
     classes = results["data"]["classes"]
     k = len(classes)
     fig = Figure(layout="constrained", figsize=(12, 5.5))
     axes = fig.subplots(1, 2)
-    for ax, name in zip(axes, MODEL_NAMES):
+    for ax, name in zip(axes, MODEL_NAMES, strict=True):
         cm = np.zeros((k, k), dtype=np.float64)
-        for seed in results["seeds"]:
+        for seed in summary_seeds:
             cm += np.asarray(seed["models"][name]["confusion_matrix"], dtype=np.float64)
         rows = cm.sum(1, keepdims=True)
         pct = 100.0 * cm / np.where(rows == 0, 1, rows)
@@ -1279,43 +1463,50 @@ def make_plots(results: dict, out_dir: str) -> list[str]:
         acc = s["models"][name]["final_val_accuracy"]
         ax.set_title(f"{name}: {_pm(acc, 100, 2, '%')} (row %)")
         fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.suptitle(f"{model}: confusion matrices of the final models, summed over {nseeds} seed(s)")
+    seed_names = ", ".join(str(seed["seed"]) for seed in summary_seeds)
+    fig.suptitle(f"{model}: confusion matrices of the final models, summed over training seed(s) {seed_names}")
     save(fig, "confusion_matrices.png")
 
     fig = Figure(layout="constrained", figsize=(10, 4))
     ax1, ax2 = fig.subplots(1, 2)
-    for ax, key, label in ((ax1, "epoch_time_s", "epoch time (s)"), (ax2, "images_per_s", "images/s")):
+    panels = (
+        (ax1, "epoch_time_s", "epoch time (s)", _seconds_label),
+        (ax2, "images_per_s", "training images per second", _rate_label),
+    )
+    for ax, key, label, text in panels:
         means = [s["models"][n][key]["mean"] for n in MODEL_NAMES]
         stds = [s["models"][n][key]["std"] for n in MODEL_NAMES]
         bars = ax.bar(MODEL_NAMES, means, yerr=stds, capsize=4, color=[_COLORS[n] for n in MODEL_NAMES])
-        ax.bar_label(bars, fmt="%.3g", label_type="center", color="white")
+        ax.bar_label(bars, labels=[text(v) for v in means], label_type="center", color="white")
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
     ratio = s["epoch_time_ratio"]
+    warmup = " (epoch 1, warm-up, left out)" if s["timed_epochs"] != "1" else ""
     fig.suptitle(
-        f"{model}: speed over epochs {s['timed_epochs']}"
+        f"{model}: speed over {_timed_text(s['timed_epochs'])}{warmup}"
         + (f"; torchext/stock epoch time {_pm(ratio, 1, 3, 'x')}" if ratio else "")
     )
     save(fig, "speed.png")
 
-    fig = Figure(layout="constrained", figsize=(7, 4))
-    ax = fig.subplots()
-    if s["models"]["stock"]["peak_allocated_bytes"] is None:
-        ax.text(0.5, 0.5, "peak memory is measured on CUDA devices only", ha="center", va="center")
-        ax.set_axis_off()
+    memory_path = os.path.join(out_dir, "memory.png")
+    if _skipped_plots(results):
+        if os.path.exists(memory_path):
+            os.remove(memory_path)  # an earlier run's, which these results would seem to own
     else:
+        fig = Figure(layout="constrained", figsize=(7, 4))
+        ax = fig.subplots()
         width = 0.38
         x = np.arange(2)
         for i, name in enumerate(MODEL_NAMES):
             vals = [s["models"][name][k]["mean"] / 2**20 for k in ("peak_allocated_bytes", "peak_reserved_bytes")]
             bars = ax.bar(x + (i - 0.5) * width, vals, width, label=name, color=_COLORS[name])
-            ax.bar_label(bars, fmt="%.0f", padding=2, fontsize=8)
+            ax.bar_label(bars, labels=[f"{v:,.0f}" for v in vals], padding=2, fontsize=8)
         ax.set_xticks(x, ["peak allocated", "peak reserved"])
         ax.set_ylabel("MiB")
         ax.legend()
         ax.grid(axis="y", alpha=0.3)
-    ax.set_title(f"{model}: peak CUDA memory per model ({results['config']['allocator']} allocator)")
-    save(fig, "memory.png")
+        ax.set_title(f"{model}: peak CUDA memory per model ({results['config']['allocator']} allocator)")
+        save(fig, "memory.png")
     return paths
 
 
@@ -1331,6 +1522,8 @@ def main(argv: list[str] | None = None) -> int:
         run(config)
     except CompareError as e:
         parser.error(str(e))
+    except KeyboardInterrupt:
+        return 130  # run() has said what it wrote; 128 + SIGINT, as a shell reports Ctrl-C
     return 0
 
 

@@ -32,7 +32,7 @@ import tarfile
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Union
 
 import numpy as np
 import torch
@@ -77,7 +77,7 @@ _LAYOUTS = (
 class CIFAR10Data:
     """Images as uint8 numpy arrays ``(N, 32, 32, 3)`` (HWC, RGB) and int64 labels ``(N,)`` indexing ``classes``.
 
-    ``val_source`` is ``"test split"`` or ``"held-out N images of train (seed S)"`` (or ``"synthetic ..."``);
+    ``val_source`` is ``"test split"`` or ``"held-out N images of train (split seed S)"`` (or ``"synthetic ..."``);
     ``source`` is where the images came from. ``describe()`` is one line for a report."""
 
     train_x: np.ndarray
@@ -108,8 +108,8 @@ def load_cifar10(
     seed: int = 0,
     val_from: str = "auto",
     cache: bool = True,
-    cache_dir: Optional[str] = None,
-    num_workers: Optional[int] = None,
+    cache_dir: str | None = None,
+    num_workers: int | None = None,
 ) -> CIFAR10Data:
     """CIFAR-10 from ``path`` (a folder or an archive, see the module docstring; default
     ``default_cache_dir()/cifar10``, where ``download=True`` puts it).
@@ -139,7 +139,7 @@ def load_cifar10(
         train_x[val_idx],
         train_y[val_idx],
         classes,
-        f"held-out {len(val_idx)} images of train (seed {seed})",
+        f"held-out {len(val_idx)} images of train (split seed {seed})",
         source,
     )
 
@@ -158,7 +158,7 @@ def holdout_split(labels: np.ndarray, n_val: int, seed: int = 0) -> tuple[np.nda
     extra = n_val - int(quota.sum())
     quota[np.argsort(-(exact - quota), kind="stable")[:extra]] += 1
     rng = np.random.RandomState(seed)
-    val = [rng.permutation(np.flatnonzero(labels == c))[:q] for c, q in zip(classes, quota)]
+    val = [rng.permutation(np.flatnonzero(labels == c))[:q] for c, q in zip(classes, quota, strict=True)]
     val_idx = np.sort(np.concatenate(val))
     mask = np.ones(n, dtype=bool)
     mask[val_idx] = False
@@ -180,7 +180,7 @@ def synthetic_cifar10(n_train: int = 1000, n_val: int = 200, seed: int = 0, num_
     val_x, val_y = make(n_val)
     classes = CIFAR10_CLASSES if num_classes == 10 else tuple(f"class{i}" for i in range(num_classes))
     return CIFAR10Data(
-        train_x, train_y, val_x, val_y, classes, f"synthetic: {n_val} random images (seed {seed})", "synthetic"
+        train_x, train_y, val_x, val_y, classes, f"synthetic: {n_val} random images (data seed {seed})", "synthetic"
     )
 
 
@@ -226,7 +226,11 @@ def _download(root: str) -> str:
     try:
         CIFAR10(root, train=True, download=True)
     except Exception as e:
-        raise RuntimeError(f"downloading CIFAR-10 into {root} with torchvision failed (offline?): {e}") from e
+        raise RuntimeError(
+            f"downloading CIFAR-10 into {root} with torchvision failed ({type(e).__name__}: {e}). Without a network, "
+            "copy CIFAR-10 onto this machine and pass its path (torchext-compare --data PATH): "
+            f"{_LAYOUTS.removeprefix('expected ')}"
+        ) from e
     return os.path.join(root, BATCHES_FOLDER)
 
 
@@ -384,7 +388,7 @@ def _assemble(entries: Sequence[tuple[str, str, str]], images: np.ndarray, where
 # Decoding
 
 
-def _decode_chunk(items: list[tuple[str, Union[bytes, str]]]):
+def _decode_chunk(items: list[tuple[str, bytes | str]]):
     """("ok", uint8 (n, 32, 32, 3)) or ("error", name, message). Runs in the decoding processes."""
     from PIL import Image, UnidentifiedImageError
 
@@ -411,7 +415,7 @@ def _default_workers() -> int:
     return max(1, min(32, cores))
 
 
-def _decode_images(items, where: str, num_workers: Optional[int]) -> np.ndarray:
+def _decode_images(items, where: str, num_workers: int | None) -> np.ndarray:
     """Decodes (name, bytes or file path) items, in order, into uint8 (N, 32, 32, 3). One chunk is decoded here;
     from the second on, chunks go to a process pool as they arrive (fork where the platform has it, as
     torch.utils.data.DataLoader does: the workers only need numpy and PIL)."""
@@ -453,7 +457,7 @@ def _cache_key(path: str, stats) -> str:
     return h.hexdigest()[:24]
 
 
-def _cached(key: str, path: str, cache: bool, cache_dir: Optional[str], build):
+def _cached(key: str, path: str, cache: bool, cache_dir: str | None, build):
     if not cache:
         return build()
     cache_dir = cache_dir or default_cache_dir()
@@ -505,9 +509,9 @@ class EpochPlan(NamedTuple):
     Without augmentation ``dy``, ``dx`` and ``flip`` are None."""
 
     order: Tensor
-    dy: Optional[Tensor]
-    dx: Optional[Tensor]
-    flip: Optional[Tensor]
+    dy: Tensor | None
+    dx: Tensor | None
+    flip: Tensor | None
 
 
 class GPULoader:
@@ -524,16 +528,16 @@ class GPULoader:
 
     def __init__(
         self,
-        x_uint8: Union[np.ndarray, Tensor],
-        y: Union[np.ndarray, Tensor],
+        x_uint8: np.ndarray | Tensor,
+        y: np.ndarray | Tensor,
         batch_size: int,
         *,
         train: bool,
-        device: Union[str, torch.device, None] = None,
+        device: str | torch.device | None = None,
         seed: int = 0,
         channels_last: bool = False,
         dtype: torch.dtype = torch.float32,
-        drop_last: Optional[bool] = None,
+        drop_last: bool | None = None,
         mean: Sequence[float] = CIFAR10_MEAN,
         std: Sequence[float] = CIFAR10_STD,
         pad: int = 4,
