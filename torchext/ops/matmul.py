@@ -134,8 +134,7 @@ def _matmul_backward(ctx, grad):
     if needs_grad(ctx, 1):
         if len(ctx.b_shape) == 2:
             # One (K, M*) @ (M*, N) product over every row of every batch entry.
-            k, n = ctx.b_shape
-            grad_b = matmul(a.reshape(-1, k).mT, grad.reshape(-1, n))
+            grad_b = matmul(a.flatten(0, -2).mT, grad.flatten(0, -2))  # flatten, not reshape(-1, k): k may be 0
         else:
             grad_b = matmul(a.mT, grad).sum_to_size(ctx.b_shape)
     return grad_a, grad_b, None
