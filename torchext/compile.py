@@ -10,10 +10,10 @@ The losses, cross_entropy, matmul and linear always run torchext's kernels.
 
 The mode is read when a function is compiled: set it before the first call of a torch.compile'd function, or call
 ``torch._dynamo.reset()`` after changing it. It goes through inductor's decomposition table
-(``torch._inductor.decomposition.decompositions``), a private torch API; tests/test_compile.py checks it. The keys of
-inductor's on-disk caches (FX graph and AOTAutograd) do not cover that table, so "decompose" turns both caches off
-(a graph compiled in one mode would otherwise be reused in the other) and "kernels" turns them back to what they
-were.
+(``torch._inductor.decomposition.decompositions`` and the memoized copy inductor reads), a private torch API;
+tests/test_compile.py checks it. The keys of inductor's on-disk caches (FX graph and AOTAutograd) do not cover that
+table, so "decompose" turns both caches off (a graph compiled in one mode would otherwise be reused in the other)
+and "kernels" turns them back to what they were.
 """
 
 import torch
@@ -91,4 +91,8 @@ def set_compile_mode(mode: str) -> None:
         for config, name in caches:
             if name in _saved_cache_settings:
                 setattr(config, name, _saved_cache_settings.pop(name))
+    # select_decomp_table() serves a memoized copy of the table.
+    cached_copy = getattr(decomposition, "fast_random_decomps", None)
+    if hasattr(cached_copy, "cache_clear"):
+        cached_copy.cache_clear()
     _mode = mode
