@@ -34,14 +34,33 @@ def device_dtype_params():
 
 
 LAYOUTS = ("contiguous", "transposed", "strided")
+# Every layout a user can hand an op (tests/test_fake_parity.py): LAYOUTS plus channels-last (4-D tensors; 5-D for
+# channels_last_3d), expanded (stride 0 in the first dimension) and offset (dense, at a storage offset). An empty
+# tensor is any of these with a size-0 dimension.
+ALL_LAYOUTS = (*LAYOUTS, "channels_last", "channels_last_3d", "expanded", "offset")
 
 
 def make_tensor(shape, dtype, device, layout="contiguous", low=-3.0, high=3.0, requires_grad=False):
     """Fresh uniform random values (never zeros) in the given layout:
     contiguous; transposed (a transposed view of a contiguous tensor: dense, but not row-major); strided (every
-    other element of the last dimension of a larger tensor: not dense)."""
+    other element of the last dimension of a larger tensor: not dense); channels_last / channels_last_3d (that
+    memory format); expanded (one row expanded along the first dimension: stride 0, overlapping); offset (a
+    contiguous view starting 3 elements into its storage)."""
     shape = tuple(shape)
-    if layout == "contiguous" or len(shape) == 0:
+    if layout in ("channels_last", "channels_last_3d"):
+        fmt = torch.channels_last if layout == "channels_last" else torch.channels_last_3d
+        t = torch.empty(shape, dtype=torch.float64).uniform_(low, high).to(device, dtype)
+        return t.contiguous(memory_format=fmt).requires_grad_(requires_grad)
+    if layout == "expanded" and len(shape) > 0:
+        row = torch.empty((1, *shape[1:]), dtype=torch.float64).uniform_(low, high).to(device, dtype)
+        return row.expand(shape).requires_grad_(requires_grad)
+    if layout == "offset":
+        t = torch.empty(shape, dtype=torch.float64).uniform_(low, high)
+        numel = t.numel()
+        out = torch.empty(numel + 3, dtype=dtype, device=device)[3:].view(shape)
+        out.copy_(t)
+        return out.requires_grad_(requires_grad)
+    if layout in ("contiguous", "expanded") or len(shape) == 0:
         t = torch.empty(shape, dtype=torch.float64).uniform_(low, high)
     elif layout == "transposed":
         if len(shape) < 2:

@@ -452,7 +452,7 @@ def test_matmul_opcheck(device):
     for a, b in cases:
         opcheck(torch.ops.torchext.matmul.default, (a, b))
     kernel = "cpu" if device == "cpu" else "naive"
-    opcheck(torch.ops.torchext.matmul.default, cases[0], {"kernel": kernel})
+    opcheck(torch.ops.torchext.matmul.default, cases[0], {"variant": kernel})
 
 
 def test_matmul_cpu_autocast_runs_float32():

@@ -16,6 +16,7 @@ from . import data, functional, graphs, memory, models, nn, ops, profiling, swap
 from .nn import Linear  # noqa: E402
 from .ops import matmul  # noqa: E402
 from .swap import swap_modules  # noqa: E402
+from .compile import compile_mode, set_compile_mode  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = [
@@ -31,5 +32,7 @@ __all__ = [
     "Linear",
     "matmul",
     "swap_modules",
+    "compile_mode",
+    "set_compile_mode",
     "__version__",
 ]

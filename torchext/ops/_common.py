@@ -12,18 +12,15 @@ AUTOCAST_DEVICES = ("cuda", "cpu")
 
 
 def empty_like_dense(t: torch.Tensor) -> torch.Tensor:
-    """What the C++ ops allocate for an elementwise result: the input's own layout when it is dense (contiguous,
-    channels-last, any permutation), a contiguous tensor otherwise."""
+    """What the C++ ops allocate for an elementwise result (csrc/checks.h, `dense`, then `at::empty_like`): `t`'s own
+    strides when it is non-overlapping and dense (contiguous, channels-last, any permutation, with or without a
+    storage offset), a contiguous tensor otherwise (sliced, expanded). An elementwise backward passes the tensor it
+    saved from the forward: its gradient takes that layout whatever grad_output's (csrc/checks.h, in_layout_of)."""
     if is_non_overlapping_and_dense(t):
-        return torch.empty_like(t)
+        # ATen's empty_like(preserve_format) copies a dense tensor's strides as they are; torch.empty_like under
+        # FakeTensorMode recomputes them from the strides' order, which differs where a size is 0 or 1.
+        return t.new_empty_strided(t.shape, t.stride())
     return t.new_empty(t.shape)
-
-
-def empty_like_pair(saved: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    """Result layout of a two-input elementwise op: the first input's layout when both share one dense layout."""
-    if is_non_overlapping_and_dense(saved) and saved.stride() == other.stride():
-        return torch.empty_like(saved)
-    return saved.new_empty(saved.shape)
 
 
 def autocast_to_float32(qualname: str) -> None:

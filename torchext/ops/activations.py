@@ -1,5 +1,11 @@
 """Activations: relu, leaky_relu, sigmoid, tanh, gelu, silu.
 
+Layout rule (docs/compile.md): a forward's result takes `self`'s memory format, as ATen's elementwise ops do: the
+same strides when `self` is non-overlapping and dense (contiguous, channels-last 2-D or 3-D, transposed, any
+permutation), contiguous otherwise (sliced, expanded). A backward's gradient takes the layout of the tensor it
+differentiates from (`output` or `self`) by the same rule, whatever grad_output's layout; the fake kernels below
+return exactly that.
+
 Autocast rule: on CUDA they run in the dtype they are given (float16/bfloat16 kernels compute in float32
 internally), like PyTorch's own activations. Under CPU autocast their inputs are cast to float32, since the CPU
 kernels are float32/float64 only.
@@ -8,7 +14,7 @@ kernels are float32/float64 only.
 import torch
 from torch import Tensor
 
-from ._common import autocast_cpu_to_float32, empty_like_dense, empty_like_pair
+from ._common import autocast_cpu_to_float32, empty_like_dense
 
 __all__ = ["relu", "leaky_relu", "sigmoid", "tanh", "gelu", "silu"]
 
@@ -45,10 +51,10 @@ def silu(input: Tensor) -> Tensor:
     return _ops.silu.default(input)
 
 
-# Fake kernels: shape, dtype and layout of the results, for torch.compile and meta tensors.
+# Fake kernels: shape, dtype and layout of the results, for torch.compile and meta tensors (the layout rule above).
 for _name in ("relu", "sigmoid", "tanh", "silu"):
     torch.library.register_fake(f"torchext::{_name}", lambda self: empty_like_dense(self))
-    torch.library.register_fake(f"torchext::{_name}_backward", lambda grad_output, saved: empty_like_pair(saved, grad_output))
+    torch.library.register_fake(f"torchext::{_name}_backward", lambda grad_output, saved: empty_like_dense(saved))
 
 
 @torch.library.register_fake("torchext::leaky_relu")
@@ -58,7 +64,7 @@ def _(self, negative_slope=0.01):
 
 @torch.library.register_fake("torchext::leaky_relu_backward")
 def _(grad_output, self, negative_slope):
-    return empty_like_pair(self, grad_output)
+    return empty_like_dense(self)
 
 
 @torch.library.register_fake("torchext::gelu")
@@ -68,7 +74,7 @@ def _(self, *, approximate="none"):
 
 @torch.library.register_fake("torchext::gelu_backward")
 def _(grad_output, self, *, approximate="none"):
-    return empty_like_pair(self, grad_output)
+    return empty_like_dense(self)
 
 
 # Autograd is C++ (csrc/autograd.cpp): relu, sigmoid and tanh differentiate from their output; leaky_relu, gelu

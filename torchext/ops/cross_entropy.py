@@ -4,6 +4,7 @@ One read of the logits forward; backward recomputes softmax from the saved per-r
 an (N, C) softmax. Same semantics as torch.nn.functional.cross_entropy with class-index targets: class weights,
 ignore_index, label_smoothing, reductions 'none' | 'mean' | 'sum'; input (C,), (N, C) or (N, C, d1, ...).
 Probability ("soft") targets are not supported: a floating-point target raises a TypeError.
+Layout rule (docs/compile.md): the op's results (loss, lse, total_weight) and its backward are contiguous.
 
 Autocast rule: under torch.autocast (CUDA or CPU) the logits and weight are cast to float32 and the loss is float32,
 as PyTorch does for cross_entropy.

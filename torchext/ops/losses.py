@@ -2,6 +2,8 @@
 
 Semantics are torch.nn.functional's (including mse_loss's weighted mean, sum(w (x - y)^2) / sum(w)); 'mean' and
 'sum' give a 0-dim tensor of the input's dtype. Reductions are deterministic on both backends.
+Layout rule (docs/compile.md): every result, reduction='none' and the backward ops included, is contiguous, whatever
+the input's layout (torch's pointwise losses keep a channels-last input's layout under 'none').
 
 Autocast rule: under torch.autocast (CUDA and CPU) every op here, backward included, runs in float32, as PyTorch
 runs its own losses; the result is float32 whatever the autocast dtype.

@@ -2,13 +2,18 @@
 
 matmul(a, b, kernel=None) is torch.matmul for a (*, M, K) and b (K, N) or (*, K, N) with broadcast batch dimensions
 (both at least 2-D). On CUDA, ``kernel`` names one version of the ladder in cuda_ops/ (see ``MATMUL_KERNELS``);
-None picks the fastest that supports the arguments, and ``matmul_kernel`` tells which that is. Operands are read
+None picks the fastest that supports the arguments, and ``matmul_kernel`` tells which that is (the schema names
+the argument ``variant``: inductor's fallback takes a ``kernel`` argument of its own). Operands are read
 through their strides: a transposed or sliced operand is not copied (on CUDA with kernel=None, an operand with no
 unit stride in its last two dimensions is copied once so that the fast kernels can take it).
 
 linear(input, weight, bias=None, activation=None) is act(input @ weight.T + bias), one kernel forward; backward
 computes the activation's gradient and the bias gradient in one pass, then two GEMMs reading the transposes in
 place.
+
+Layout rule (docs/compile.md): every result is a new contiguous tensor, whatever the operands' layouts.
+``matmul_kernel`` returns a str; its fake kernel returns 'cpu' for CPU tensors and raises for CUDA tensors, whose
+kernel choice depends on the GPU and the operands' alignment: call it outside torch.compile.
 
 float32 on CUDA uses tf32 tensor cores only where torch allows tf32 for matmul
 (torch.backends.cuda.matmul.allow_tf32 / torch.set_float32_matmul_precision).
@@ -63,16 +68,39 @@ def linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activat
     return _ops.linear.default(input, weight, bias, activation_name(activation))[0]
 
 
-# Fake kernels: shapes and dtypes of the results, for torch.compile and meta tensors. Every result is contiguous.
-@torch.library.register_fake("torchext::matmul")
-def _(a, b, kernel=None):
-    torch._check(a.dim() >= 2 and b.dim() >= 2, lambda: "torchext::matmul: `a` and `b` must be at least 2-D")
+# Fake kernels: shapes and dtypes of the results, for torch.compile and meta tensors. Layout rule (docs/compile.md):
+# every result is contiguous, whatever the operands' layouts (the kernels read operands through their strides and
+# write a new row-major output).
+def _check_matmul_shapes(op: str, a, b) -> None:
+    torch._check(a.dim() >= 2 and b.dim() >= 2, lambda: f"torchext::{op}: `a` and `b` must be at least 2-D")
     torch._check(
         a.shape[-1] == b.shape[-2],
-        lambda: f"torchext::matmul: `b` must have {a.shape[-1]} rows to match `a`'s {a.shape[-1]} columns",
+        lambda: f"torchext::{op}: `b` must have {a.shape[-1]} rows to match `a`'s {a.shape[-1]} columns",
     )
+
+
+@torch.library.register_fake("torchext::matmul")
+def _(a, b, variant=None):
+    _check_matmul_shapes("matmul", a, b)
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     return a.new_empty((*batch, a.shape[-2], b.shape[-1]))
+
+
+@torch.library.register_fake("torchext::matmul_kernel")
+def _(a, b, variant=None):
+    """CPU tensors run one kernel, 'cpu', which metadata alone decides. On CUDA the choice (and whether a named kernel
+    can run) depends on the data pointers' alignment and the GPU, which a fake tensor does not have: tracing it
+    raises instead of guessing. Call matmul_kernel outside the compiled region."""
+    _check_matmul_shapes("matmul_kernel", a, b)
+    if a.device.type != "cpu":
+        raise NotImplementedError(
+            f"torchext::matmul_kernel cannot be traced for {a.device.type} tensors (torch.compile, FakeTensorMode, "
+            "meta): the kernel it names depends on the operands' data-pointer alignment and the GPU. Call it "
+            "outside the compiled function."
+        )
+    if variant is not None and variant != "cpu":
+        raise ValueError(f"torchext::matmul_kernel: CPU tensors take kernel=None or 'cpu', got {variant!r}")
+    return "cpu"
 
 
 @torch.library.register_fake("torchext::linear")
@@ -106,8 +134,7 @@ def _matmul_backward(ctx, grad):
     if needs_grad(ctx, 1):
         if len(ctx.b_shape) == 2:
             # One (K, M*) @ (M*, N) product over every row of every batch entry.
-            k, n = ctx.b_shape
-            grad_b = matmul(a.reshape(-1, k).mT, grad.reshape(-1, n))
+            grad_b = matmul(a.flatten(0, -2).mT, grad.flatten(0, -2))  # flatten, not reshape(-1, k): k may be 0
         else:
             grad_b = matmul(a.mT, grad).sum_to_size(ctx.b_shape)
     return grad_a, grad_b, None

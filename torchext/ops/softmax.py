@@ -1,7 +1,8 @@
 """Softmax and log_softmax over the last dimension.
 
 The ops reduce over the last dimension of a tensor of any shape (a 0-dim tensor is one element) and return a
-contiguous result of the input's shape. Backward differentiates from the saved output alone:
+contiguous result of the input's shape, whatever the input's layout (the layout rule, docs/compile.md; the backward
+ops too). Backward differentiates from the saved output alone:
 softmax: grad_input = y * (grad - sum(grad * y)); log_softmax: grad_input = grad - exp(y) * sum(grad).
 
 Autocast rule: under torch.autocast (CUDA and CPU), all four ops cast their floating inputs to float32 and return

@@ -1,0 +1,292 @@
+"""Every torchext op under torch.compile with inductor and fullgraph=True, forward and backward: results and input
+gradients equal eager torchext's and torch's, for contiguous and channels-last inputs (both layouts go through the
+same compiled function, as separate inputs); the modules of torchext.nn in a small model swapped with
+torchext.swap_modules; and no schema argument is named like one of inductor's own.
+
+Inductor compiles C++ on the CPU, which is slow (tens of seconds a graph here): each group of ops is one compiled
+function with one input per (op, layout), so the file compiles a handful of graphs. The CUDA variants skip without a
+GPU."""
+
+import inspect
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import device_params, make_tensor
+from torch import nn
+
+import torchext
+import torchext.functional as tf
+import torchext.nn as tnn
+
+pytestmark = pytest.mark.slow
+
+SHAPE = (2, 3, 4, 5)
+TOL = {"cpu": {"rtol": 1e-5, "atol": 1e-5}, "cuda": {"rtol": 1e-4, "atol": 1e-4}}
+
+# One-input ops: (name, torchext, torch). Each gets a contiguous and a channels-last input.
+UNARY = (
+    ("relu", tf.relu, F.relu),
+    ("leaky_relu", lambda x: tf.leaky_relu(x, 0.2), lambda x: F.leaky_relu(x, 0.2)),
+    ("sigmoid", tf.sigmoid, torch.sigmoid),
+    ("tanh", tf.tanh, torch.tanh),
+    ("gelu", tf.gelu, F.gelu),
+    ("gelu_tanh", lambda x: tf.gelu(x, approximate="tanh"), lambda x: F.gelu(x, approximate="tanh")),
+    ("silu", tf.silu, F.silu),
+    ("softmax", lambda x: tf.softmax(x, dim=-1), lambda x: F.softmax(x, dim=-1)),
+    ("log_softmax", lambda x: tf.log_softmax(x, dim=-1), lambda x: F.log_softmax(x, dim=-1)),
+)
+UNARY_LAYOUTS = ("contiguous", "channels_last")
+
+
+def unary_group(lib):
+    fns = [entry[1 if lib == "torchext" else 2] for entry in UNARY]
+
+    def run(*xs):
+        return tuple(fn(x) for fn, pair in zip(fns, zip(xs[::2], xs[1::2])) for x in pair)
+
+    names = [f"{name} {layout}" for name, _, _ in UNARY for layout in UNARY_LAYOUTS]
+    return run, names, lambda device, dtype: [
+        make_tensor(SHAPE, dtype, device, layout) for _ in UNARY for layout in UNARY_LAYOUTS
+    ]
+
+
+def losses_group(lib):
+    """Each loss on 4-D inputs contiguous and channels-last (cross_entropy's 4-D path moves the classes last and
+    flattens) and on 2-D ones contiguous and transposed."""
+    f = tf if lib == "torchext" else F
+
+    def run(x4, y4, x4_cl, y4_cl, x2, t2, x2_t, t2_t, t3, t3_cl, pos_weight):
+        return (
+            f.mse_loss(x4, y4),
+            f.mse_loss(x4_cl, y4_cl, reduction="none"),
+            f.binary_cross_entropy_with_logits(x4, y4.sigmoid(), pos_weight=pos_weight.detach()),  # no grad for it
+            f.binary_cross_entropy_with_logits(x4_cl, y4_cl.sigmoid(), reduction="none"),
+            f.multi_margin_loss(x2, t2),
+            f.multi_margin_loss(x2_t, t2_t, p=2, reduction="none"),
+            f.cross_entropy(x2, t2, label_smoothing=0.1),
+            f.cross_entropy(x2_t, t2_t, reduction="none"),
+            f.cross_entropy(x4, t3),
+            f.cross_entropy(x4_cl, t3_cl, reduction="sum"),
+        )
+
+    names = ["mse_loss", "mse_loss channels_last", "bce_with_logits", "bce_with_logits channels_last",
+             "multi_margin_loss", "multi_margin_loss transposed", "cross_entropy", "cross_entropy transposed",
+             "cross_entropy 4-D", "cross_entropy 4-D channels_last"]  # fmt: skip
+
+    def inputs(device, dtype):
+        def x(shape, layout="contiguous"):
+            return make_tensor(shape, dtype, device, layout)
+
+        def t(shape, classes):
+            return torch.randint(0, classes, shape, device=device)
+
+        return [
+            x(SHAPE), x(SHAPE), x(SHAPE, "channels_last"), x(SHAPE, "channels_last"),
+            x((6, 5)), t((6,), 5), x((6, 5), "transposed"), t((6,), 5),
+            t((2, 4, 5), 3), t((2, 4, 5), 3), make_tensor((5,), dtype, device, low=0.5, high=2.0),
+        ]  # fmt: skip
+
+    return run, names, inputs
+
+
+def _torch_linear(x, w, b=None, activation=None):
+    y = F.linear(x, w, b)
+    if activation == "gelu_tanh":
+        return F.gelu(y, approximate="tanh")
+    return {None: y, "relu": F.relu(y), "gelu": F.gelu(y), "silu": F.silu(y)}[activation]
+
+
+def products_group(lib):
+    matmul = torchext.matmul if lib == "torchext" else torch.matmul
+    linear = tf.linear if lib == "torchext" else _torch_linear
+
+    def run(a, a_cl, b, bb, w, bias):
+        return (
+            matmul(a, b) * 2,
+            matmul(a_cl, b),
+            matmul(a, bb),
+            linear(a, w, bias),
+            linear(a_cl, w, bias, "gelu"),
+            linear(a_cl, w, None, "relu"),
+            linear(a, w, bias, "silu"),
+            linear(a, w, bias, "gelu_tanh"),
+        )
+
+    names = ["matmul * 2", "matmul channels_last", "matmul batched transposed", "linear", "linear gelu channels_last",
+             "linear relu no bias channels_last", "linear silu", "linear gelu_tanh"]  # fmt: skip
+
+    def inputs(device, dtype):
+        return [
+            make_tensor(SHAPE, dtype, device), make_tensor(SHAPE, dtype, device, "channels_last"),
+            make_tensor((5, 6), dtype, device), make_tensor((3, 5, 6), dtype, device, "transposed"),
+            make_tensor((7, 5), dtype, device), make_tensor((7,), dtype, device),
+        ]  # fmt: skip
+
+    return run, names, inputs
+
+
+GROUPS = {"unary": unary_group, "losses": losses_group, "products": products_group}
+
+
+def forward_backward(fn, inputs, grad_weights=None):
+    """fn's outputs, and the gradients of sum(out_i * w_i) (w_i fixed random, contiguous) with respect to every
+    floating input: one backward through every op's backward."""
+    inputs = [i.detach().requires_grad_() if i.is_floating_point() else i for i in inputs]
+    outs = fn(*inputs)
+    if grad_weights is None:
+        grad_weights = [torch.randn(o.shape, dtype=o.dtype, device=o.device) for o in outs]
+    total = sum((o * w).sum() for o, w in zip(outs, grad_weights))
+    # allow_unused: an input only a constant comes from (bce's pos_weight, detached) gets a zero gradient.
+    grads = torch.autograd.grad(
+        total, [i for i in inputs if i.requires_grad], allow_unused=True, materialize_grads=True
+    )
+    return [o.detach() for o in outs], list(grads), grad_weights
+
+
+def assert_group_matches(ours, theirs, inputs, names, what, tol):
+    """ours compiled (inductor, fullgraph) against ours eager and theirs (torch): outputs (values and strides) and
+    every input's gradient."""
+    out_c, grad_c, weights = forward_backward(torch.compile(ours, backend="inductor", fullgraph=True), inputs)
+    out_e, grad_e, _ = forward_backward(ours, inputs, weights)
+    out_t, grad_t, _ = forward_backward(theirs, inputs, weights)
+    for name, c, e, t in zip(names, out_c, out_e, out_t, strict=True):
+        torch.testing.assert_close(c, e, **tol, msg=lambda m, n=name: f"[{what} {n}: compiled vs eager] {m}")
+        torch.testing.assert_close(c, t, **tol, msg=lambda m, n=name: f"[{what} {n}: compiled vs torch] {m}")
+    for i, (c, e, t) in enumerate(zip(grad_c, grad_e, grad_t, strict=True)):
+        torch.testing.assert_close(c, e, **tol, msg=lambda m, i=i: f"[{what} grad of input {i}: compiled vs eager] {m}")
+        torch.testing.assert_close(c, t, **tol, msg=lambda m, i=i: f"[{what} grad of input {i}: compiled vs torch] {m}")
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("group", GROUPS)
+def test_ops_compile_fullgraph(group, device):
+    ours, names, make_inputs = GROUPS[group]("torchext")
+    theirs, _, _ = GROUPS[group]("torch")
+    torch._dynamo.reset()
+    assert_group_matches(ours, theirs, make_inputs(device, torch.float32), names, group, TOL[device])
+
+
+def test_reported_cases_compile():
+    """The two reported failures, as written: relu's backward on a channels-last input (fake strides), and
+    matmul * 2 under inductor (the schema's `kernel` argument)."""
+    torch._dynamo.reset()
+    x = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last).requires_grad_()
+    torch.compile(lambda x: torchext.functional.relu(x).sum())(x).backward()
+    torch.testing.assert_close(x.grad, (x > 0).to(x.dtype), msg="[relu channels-last compiled: x.grad]")
+    a, b = torch.randn(4, 5), torch.randn(5, 3)
+    out = torch.compile(lambda a, b: torchext.matmul(a, b) * 2, fullgraph=True)(a, b)
+    torch.testing.assert_close(out, a @ b * 2, msg="[compiled matmul * 2]")
+
+
+class SmallNet(nn.Module):
+    """Stock layers of every kind torchext.nn swaps in (Linear, fused Linear + activation, each activation,
+    softmax), with torchext's or torch's losses on top."""
+
+    def __init__(self, lib: str):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+            nn.LeakyReLU(0.1), nn.GELU(), nn.SiLU(), nn.Tanh(), nn.Sigmoid(),
+        )  # fmt: skip
+        self.head = nn.Sequential(
+            nn.Flatten(), nn.Linear(8 * 4 * 5, 16), nn.ReLU(), nn.Linear(16, 16), nn.GELU("tanh"), nn.Linear(16, 5)
+        )
+        self.softmax, self.log_softmax = nn.Softmax(-1), nn.LogSoftmax(-1)
+        m = tnn if lib == "torchext" else nn
+        self.ce, self.mse = m.CrossEntropyLoss(label_smoothing=0.1), m.MSELoss()
+        self.bce, self.margin = m.BCEWithLogitsLoss(), m.MultiMarginLoss()
+
+    def forward(self, x, t):
+        logits = self.head(self.features(x))
+        p = self.softmax(logits)
+        return (
+            self.ce(logits, t)
+            + self.mse(p, torch.sigmoid(logits))
+            + self.bce(logits, p.detach())
+            + self.margin(logits, t)
+            - self.log_softmax(logits).mean()
+        )
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_swapped_model_compiles_fullgraph(device):
+    """A stock model swapped to torchext (every torchext.nn module), channels-last, compiled with fullgraph: the
+    loss and every parameter's gradient equal the stock model's, eager."""
+    torch._dynamo.reset()
+    stock = SmallNet("torch").to(device).to(memory_format=torch.channels_last)
+    ours = SmallNet("torchext").to(device).to(memory_format=torch.channels_last)
+    ours.load_state_dict(stock.state_dict())
+    report = torchext.swap_modules(ours)
+    swapped = {type(m) for m in ours.modules()}
+    for cls in (tnn.Linear, tnn.LeakyReLU, tnn.GELU, tnn.SiLU, tnn.Tanh, tnn.Sigmoid, tnn.Softmax, tnn.LogSoftmax):
+        assert cls in swapped, f"[swap report] {cls.__name__} missing after swap_modules:\n{report}"
+    x = make_tensor((4, 3, 4, 5), torch.float32, device, "channels_last")
+    t = torch.randint(0, 5, (4,), device=device)
+    ours.train(), stock.train()
+    compiled = torch.compile(ours, backend="inductor", fullgraph=True)
+    loss_c = compiled(x, t)
+    grads_c = torch.autograd.grad(loss_c, list(ours.parameters()))
+    loss_s = stock(x, t)
+    grads_s = torch.autograd.grad(loss_s, list(stock.parameters()))
+    torch.testing.assert_close(loss_c, loss_s, **TOL[device], msg=lambda m: f"[loss: compiled torchext vs stock] {m}")
+    names = [n for n, _ in stock.named_parameters()]
+    for n, c, s in zip(names, grads_c, grads_s, strict=True):
+        torch.testing.assert_close(c, s, **TOL[device], msg=lambda m, n=n: f"[{n}.grad: compiled ours vs stock] {m}")
+
+
+# The keyword arguments of inductor's fallback path, which passes an op's arguments to FallbackKernel.create by name:
+# an op argument with one of these names fails to compile ("got multiple values for argument 'kernel'").
+def _inductor_reserved_names():
+    from torch._inductor import ir
+
+    params = inspect.signature(ir.FallbackKernel.create).parameters.values()
+    return {"cls"} | {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
+def test_no_schema_argument_named_like_inductors():
+    reserved = _inductor_reserved_names()
+    assert "kernel" in reserved, f"[inductor's reserved names] expected 'kernel' among {sorted(reserved)}"
+    clashes = [
+        f"{s.name}({a.name})"
+        for s in torch._C._jit_get_all_schemas()
+        if s.name.startswith("torchext::")
+        for a in s.arguments
+        if a.name in reserved
+    ]
+    assert not clashes, f"[schema arguments named like inductor's {sorted(reserved)}] {clashes}"
+
+
+def test_decompose_mode_lets_inductor_fuse_activations():
+    """Under set_compile_mode('decompose') the compiled code calls no torchext activation or softmax (inductor
+    generated their math), and forward and backward still match eager torchext; 'kernels' restores the calls."""
+    from torch._inductor.utils import run_and_get_code
+
+    from torchext.compile import compile_mode, set_compile_mode
+
+    ours, names, make_inputs = unary_group("torchext")
+    inputs = make_inputs("cpu", torch.float32)
+    with pytest.raises(ValueError, match="`mode` must be one of"):
+        set_compile_mode("fuse")
+    fx_graph_cache = torch._inductor.config.fx_graph_cache
+    torch._dynamo.reset()
+    set_compile_mode("decompose")
+    try:
+        assert compile_mode() == "decompose"
+        fn = torch.compile(ours, backend="inductor", fullgraph=True)
+        (out_c, grad_c, weights), code = run_and_get_code(forward_backward, fn, inputs)
+    finally:
+        set_compile_mode("kernels")
+        torch._dynamo.reset()
+    calls = [line.strip() for source in code for line in source.splitlines() if "torchext." in line]
+    assert not calls, f"[decompose mode: compiled code still calls torchext ops] {calls[:5]}"
+    out_e, grad_e, _ = forward_backward(ours, inputs, weights)
+    for name, c, e in zip(names, out_c, out_e, strict=True):
+        torch.testing.assert_close(c, e, **TOL["cpu"], msg=lambda m, n=name: f"[decompose {n}: compiled vs eager] {m}")
+    for i, (c, e) in enumerate(zip(grad_c, grad_e, strict=True)):
+        torch.testing.assert_close(c, e, **TOL["cpu"], msg=lambda m, i=i: f"[decompose grad {i}: compiled/eager] {m}")
+    assert compile_mode() == "kernels"
+    from torch._inductor.decomposition import decompositions
+
+    assert torch.ops.torchext.relu.default not in decompositions, "[kernels mode] relu's decomposition left behind"
+    assert torch._inductor.config.fx_graph_cache == fx_graph_cache, "[kernels mode] fx_graph_cache not restored"
