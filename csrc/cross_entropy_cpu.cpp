@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cross_entropy.h"
+#include "loss_reduction.h"
 
 namespace torchext {
 namespace {
@@ -78,7 +79,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_cpu(const at::Tenso
     if (red == Reduction::None) {
       std::copy(row_loss.begin(), row_loss.end(), loss.mutable_data_ptr<scalar_t>());
     } else {
-      loss.fill_(red == Reduction::Mean ? loss_sum / weight_sum : loss_sum);
+      loss.fill_(red == Reduction::Mean ? cuda_ops::weighted_mean(loss_sum, weight_sum) : loss_sum);
     }
   });
   return {loss, lse, total_weight};
@@ -107,7 +108,7 @@ at::Tensor cross_entropy_backward_cpu(const at::Tensor& grad_output, const at::T
     scalar_t wsum = static_cast<scalar_t>(C);
     if (wp) wsum = std::accumulate(wp, wp + C, scalar_t(0));
     scalar_t scale = 0;
-    if (red == Reduction::Mean) scale = gp[0] / total_weight.item<scalar_t>();
+    if (red == Reduction::Mean) scale = cuda_ops::weighted_mean(gp[0], total_weight.item<scalar_t>());
     if (red == Reduction::Sum) scale = gp[0];
     at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {

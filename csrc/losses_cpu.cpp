@@ -142,16 +142,18 @@ at::Tensor pointwise_loss(const at::Tensor& x, Reduction reduction, double divis
   return at::scalar_tensor(reduction == Reduction::Mean ? s / divisor : s, x.options());
 }
 
-// grad[i] = f(i) * g(i), with g(i) the 'none' grad_output or the scalar grad_output times `scale`.
+// grad[i] = f(i) * scale * grad_output: under 'none' f(i) * scale * grad_output[i] (in that order, as torch's
+// kernels multiply), otherwise f(i) times the scalar grad_output * scale (one rounding, in double).
 template <typename scalar_t, typename F>
 at::Tensor pointwise_grad(const at::Tensor& x, const at::Tensor& grad_output, Reduction reduction, double scale, F f) {
   at::Tensor grad = at::empty(x.sizes(), x.options());
   const scalar_t* gp = grad_output.const_data_ptr<scalar_t>();
   const bool per_element = reduction == Reduction::None;
+  const scalar_t s = static_cast<scalar_t>(scale);
   const scalar_t g0 = per_element ? scalar_t(0) : static_cast<scalar_t>(static_cast<double>(gp[0]) * scale);
   scalar_t* out = grad.mutable_data_ptr<scalar_t>();
   at::parallel_for(0, x.numel(), at::internal::GRAIN_SIZE, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) out[i] = f(i) * (per_element ? gp[i] : g0);
+    for (int64_t i = begin; i < end; ++i) out[i] = per_element ? f(i) * s * gp[i] : f(i) * g0;
   });
   return grad;
 }
@@ -205,13 +207,15 @@ at::Tensor mse_loss_backward_cpu(const at::Tensor& grad_output, const at::Tensor
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* yp = y.const_data_ptr<scalar_t>();
     const scalar_t* wp = w.defined() ? w.const_data_ptr<scalar_t>() : nullptr;
-    double scale = 1.0;
+    // The factor 2 goes into the scale, as torch's mse_loss_backward folds it into 2 / n: 2 (x - y) would overflow
+    // for |x - y| above half the dtype's range where (2 / n) (x - y) does not.
+    double scale = 2.0;
     if (r == Reduction::Mean) {
-      scale = wp != nullptr ? 1.0 / chunked_sum(x.numel(), at::internal::GRAIN_SIZE, [=](int64_t i) { return wp[i]; })
-                            : 1.0 / static_cast<double>(x.numel());
+      scale = wp != nullptr ? 2.0 / chunked_sum(x.numel(), at::internal::GRAIN_SIZE, [=](int64_t i) { return wp[i]; })
+                            : 2.0 / static_cast<double>(x.numel());
     }
     grad = pointwise_grad<scalar_t>(x, g, r, scale, [=](int64_t i) {
-      const scalar_t d = scalar_t(2) * (xp[i] - yp[i]);
+      const scalar_t d = xp[i] - yp[i];
       return wp != nullptr ? wp[i] * d : d;
     });
   });
@@ -260,9 +264,10 @@ at::Tensor binary_cross_entropy_with_logits_backward_cpu(const at::Tensor& grad_
     const scalar_t* pwp = o.pos_weight.defined() ? o.pos_weight.const_data_ptr<scalar_t>() : nullptr;
     grad = pointwise_grad<scalar_t>(x, g, r, scale, [=](int64_t i) {
       const scalar_t xi = xp[i], yi = yp[i], pwi = operand_at(pwp, o.pos_weight_period, i);
-      const scalar_t d = wrt_target
-                             ? (pwi - scalar_t(1)) * softplus_neg(xi) - xi
-                             : (scalar_t(1) + (pwi - scalar_t(1)) * yi) / (scalar_t(1) + std::exp(-xi)) - pwi * yi;
+      // d/dy without pos_weight is -x; with it pw softplus(-x) - softplus(x), torch's form: either is inf at
+      // x = -inf where (pw - 1) softplus(-x) - x would give inf - inf.
+      const scalar_t d = wrt_target ? (pwp == nullptr ? -xi : pwi * softplus_neg(xi) - softplus_neg(-xi))
+                                    : (scalar_t(1) + (pwi - scalar_t(1)) * yi) / (scalar_t(1) + std::exp(-xi)) - pwi * yi;
       return operand_at(wp, o.weight_period, i) * d;
     });
   });

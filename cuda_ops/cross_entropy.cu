@@ -4,7 +4,7 @@
 // Shapes: logits x is (N, C) row-major, target t is (N,) int64, weight w is (C,) (w = 1 when absent), eps is the
 // label smoothing. For a row i that is not ignored, with lse_i = log sum_c exp(x_ic) and W = sum_c w_c:
 //   loss_i = (1 - eps) w_t (lse_i - x_it) + eps/C (W lse_i - sum_c w_c x_ic)
-//   mean   = sum_i loss_i / sum_i w_{t_i}         (the sum over non-ignored rows: 'total_weight')
+//   mean   = sum_i loss_i / sum_i w_{t_i}         (the sum over non-ignored rows: 'total_weight'; NaN where it is 0)
 //   dloss_i/dx_ij = a_i softmax_ij - (1 - eps) w_t [j == t] - eps/C w_j,   a_i = (1 - eps) w_t + eps/C W
 // which is PyTorch's cross_entropy (log_softmax + nll_loss + its label-smoothing term) written out.
 //
@@ -291,7 +291,7 @@ __global__ void cross_entropy_finalize_kernel(const A* __restrict__ partials, in
   if (threadIdx.x == 0) {
     *total_weight = w;
     *bad_targets = static_cast<int>(b);
-    if (reduction == LossReduction::Mean) *loss = from_acc<T>(l / w);
+    if (reduction == LossReduction::Mean) *loss = from_acc<T>(weighted_mean(l, w));
     if (reduction == LossReduction::Sum) *loss = from_acc<T>(l);
   }
 }
@@ -317,7 +317,7 @@ struct BackwardContext {
     eps_c = eps / static_cast<A>(a.classes);
     wsum = (a.weight && eps > A(0)) ? *a.weight_sum : static_cast<A>(a.classes);
     reduced_scale = 0;
-    if (a.reduction == LossReduction::Mean) reduced_scale = to_acc(grad_loss[0]) / *total_weight;
+    if (a.reduction == LossReduction::Mean) reduced_scale = weighted_mean(to_acc(grad_loss[0]), *total_weight);
     if (a.reduction == LossReduction::Sum) reduced_scale = to_acc(grad_loss[0]);
   }
 

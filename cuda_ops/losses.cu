@@ -3,11 +3,15 @@
 // Math (A is the computation type: float for float32/float16/bfloat16, double for float64):
 //   mse_loss                          l_i = w_i (x_i - y_i)^2
 //                                     dl/dx_i = 2 w_i (x_i - y_i)                (dl/dy_i = -dl/dx_i, in Python)
+//                                     (the 2 is folded into the reduction's scale, 2 / n for 'mean', as torch
+//                                     does, so that 2 (x_i - y_i) cannot overflow where the gradient does not)
 //   binary_cross_entropy_with_logits  lw_i = 1 + (pw_i - 1) y_i
 //                                     sp_i = softplus(-x_i) = log1p(e^-|x_i|) + max(-x_i, 0)
 //                                     l_i = w_i ((1 - y_i) x_i + lw_i sp_i)
 //                                     dl/dx_i = w_i (lw_i sigmoid(x_i) - pw_i y_i)
-//                                     dl/dy_i = w_i ((pw_i - 1) sp_i - x_i)
+//                                     dl/dy_i = -w_i x_i, or w_i (pw_i sp_i - softplus(x_i)) with pos_weight
+//                                     (torch's forms: both are inf at x_i = -inf, where (pw_i - 1) sp_i - x_i
+//                                     would be inf - inf)
 //   multi_margin_loss                 l_r = w[t_r] / C  sum_{j != t_r} max(0, margin - x_{r,t_r} + x_{r,j})^p
 //                                     dl/dx_{r,j} = w[t_r] / C  p max(0, z_j)^(p-1)  (j != t_r), minus their sum at t_r
 // Reductions: none keeps l; sum adds it up; mean divides the sum by n (rows for multi_margin_loss), or by sum(w)
@@ -61,7 +65,7 @@ __device__ __forceinline__ A sigmoid(A x) {
   return A(1) / (A(1) + exp(-x));
 }
 
-// grad_output at flat index i: per element under 'none', else the scalar times `scale`, divided by *denom when
+// grad_output at flat index i times `scale`: per element under 'none', else the scalar, divided by *denom when
 // given (the weighted mean's sum of weights, computed on the device).
 template <typename T>
 struct GradOutput {
@@ -71,7 +75,7 @@ struct GradOutput {
   A scale;
   const A* denom;
   __device__ __forceinline__ A operator()(int64_t i) const {
-    if (per_element) return to_acc(g[i]);
+    if (per_element) return scale * to_acc(g[i]);
     const A v = to_acc(g[0]) * scale;
     return denom != nullptr ? v / *denom : v;
   }
@@ -261,7 +265,7 @@ struct MseLossBackward {
   const T* w;
   __device__ __forceinline__ acc_t<T> operator()(int64_t i, acc_t<T> xi, acc_t<T> yi) const {
     using A = acc_t<T>;
-    const A d = A(2) * (xi - yi);
+    const A d = xi - yi;
     return (w != nullptr ? load(w, i) * d : d) * g(i);
   }
 };
@@ -290,7 +294,8 @@ struct BceWithLogitsBackward {
   __device__ __forceinline__ acc_t<T> operator()(int64_t i, acc_t<T> xi, acc_t<T> yi) const {
     using A = acc_t<T>;
     const A pwi = load(pw, i);
-    const A d = wrt_target ? (pwi - A(1)) * softplus_neg(xi) - xi : (A(1) + (pwi - A(1)) * yi) * sigmoid(xi) - pwi * yi;
+    const A d = wrt_target ? (pw.data == nullptr ? -xi : pwi * softplus_neg(xi) - softplus_neg(-xi))
+                           : (A(1) + (pwi - A(1)) * yi) * sigmoid(xi) - pwi * yi;
     return load(w, i) * d * g(i);
   }
 };
@@ -394,7 +399,7 @@ cudaError_t mse_loss_backward(const T* grad_output, const T* x, const T* y, cons
                               LossReduction reduction, void* workspace, cudaStream_t stream) {
   using A = acc_t<T>;
   if (n == 0) return cudaSuccess;
-  GradOutput<T> g{grad_output, reduction == LossReduction::None, A(1), nullptr};
+  GradOutput<T> g{grad_output, reduction == LossReduction::None, A(2), nullptr};  // the 2 of d/dx (x - y)^2
   if (reduction == LossReduction::Mean && w != nullptr) {
     // sum(w) into the scalar slot after the partial sums.
     A* partials = static_cast<A*>(workspace);
@@ -404,7 +409,7 @@ cudaError_t mse_loss_backward(const T* grad_output, const T* x, const T* y, cons
     loss_finalize_kernel<T><<<1, kThreads, 0, stream>>>(partials, blocks, false, 1.0, nullptr, denom);
     g.denom = denom;
   } else if (reduction == LossReduction::Mean) {
-    g.scale = static_cast<A>(1.0 / static_cast<double>(n));
+    g.scale = static_cast<A>(2.0 / static_cast<double>(n));
   }
   launch_map(grad_x, n, MseLossBackward<T>{x, y, g, w}, stream);
   return cudaGetLastError();

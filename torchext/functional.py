@@ -7,6 +7,7 @@ Differences from torch.nn.functional, all deliberate:
   last dimension).
 """
 
+import operator
 from typing import Optional
 
 import torch
@@ -14,6 +15,7 @@ from torch import Tensor
 from torch.nn import _reduction as _Reduction
 
 from . import ops
+from .ops._common import not_a_tensor
 
 __all__ = [
     "relu",
@@ -58,16 +60,34 @@ def silu(input: Tensor, inplace: bool = False) -> Tensor:
 
 
 def _softmax_like(op, name: str, input: Tensor, dim: Optional[int], dtype: Optional[torch.dtype]) -> Tensor:
+    if not isinstance(input, Tensor):
+        raise not_a_tensor(name, "input", input)
+    ndim = input.dim()
     if dim is None:
-        dim = torch.nn.functional._get_softmax_dim(name, input.dim(), 3)
+        dim = torch.nn.functional._get_softmax_dim(name, ndim, 3)
+    elif type(dim) is not int:
+        dim = _index(name, "dim", dim)
+    # torch's range: [-ndim, ndim - 1], and [-1, 0] for a 0-dim tensor.
+    if not -max(ndim, 1) <= dim < max(ndim, 1):
+        raise IndexError(
+            f"torchext {name}(): `dim` out of range (expected to be in range of [{-max(ndim, 1)}, {max(ndim, 1) - 1}]"
+            f", but got {dim})"
+        )
     if dtype is not None:
         input = input.to(dtype)
-    if input.dim() == 0:
+    if ndim == 0:
         return op(input.reshape(1)).reshape(())
-    dim = dim % input.dim()
-    if dim == input.dim() - 1:
+    if dim == ndim - 1 or dim == -1:
         return op(input)
     return op(input.movedim(dim, -1)).movedim(-1, dim)
+
+
+def _index(name: str, arg: str, value) -> int:
+    """An integer argument given as another integer type (numpy's, a 0-dim integer tensor), as torch accepts it."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"torchext {name}(): argument `{arg}` must be an int, got {type(value).__name__}") from None
 
 
 def softmax(input: Tensor, dim: Optional[int] = None, _stacklevel: int = 3, dtype: Optional[torch.dtype] = None):
@@ -146,4 +166,8 @@ def linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activat
 def matmul(input: Tensor, other: Tensor, kernel: Optional[str] = None) -> Tensor:
     """torch.matmul for operands of at least 2 dimensions, batch dimensions broadcast. `kernel` picks a version of
     the CUDA ladder (torchext.ops.matmul.MATMUL_KERNELS); None the fastest that supports the arguments."""
+    if not isinstance(input, Tensor):
+        raise not_a_tensor("matmul", "input", input)
+    if not isinstance(other, Tensor):
+        raise not_a_tensor("matmul", "other", other)
     return ops.matmul(input, other, kernel)

@@ -40,6 +40,13 @@ def autocast_cpu_to_float32(qualname: str) -> None:
     _register_autocast_kernel(qualname, "cpu", lambda: torch.float32)
 
 
+def not_a_tensor(op: str, name: str, value, optional: bool = False) -> TypeError:
+    """The error for a non-tensor passed where `op` takes a tensor (or None, where `optional`): it names the argument
+    and what came instead. Callers test `isinstance(value, Tensor)` inline first: the hot path pays one check."""
+    expected = "a Tensor or None" if optional else "a Tensor"
+    return TypeError(f"torchext {op}(): argument `{name}` must be {expected}, got {type(value).__name__}")
+
+
 def needs_grad(ctx, index: int) -> bool:
     """ctx.needs_input_grad[index], where the dispatcher may have dropped trailing arguments left at their default
     (so the tuple can be shorter than the schema's argument list)."""

@@ -14,7 +14,7 @@ kernels are float32/float64 only.
 import torch
 from torch import Tensor
 
-from ._common import autocast_cpu_to_float32, empty_like_dense
+from ._common import autocast_cpu_to_float32, empty_like_dense, not_a_tensor
 
 __all__ = ["relu", "leaky_relu", "sigmoid", "tanh", "gelu", "silu"]
 
@@ -23,31 +23,43 @@ _ops = torch.ops.torchext
 
 def relu(input: Tensor) -> Tensor:
     """max(input, 0), elementwise."""
+    if not isinstance(input, Tensor):
+        raise not_a_tensor("relu", "input", input)
     return _ops.relu.default(input)
 
 
 def leaky_relu(input: Tensor, negative_slope: float = 0.01) -> Tensor:
     """input where input > 0, negative_slope * input elsewhere."""
+    if not isinstance(input, Tensor):
+        raise not_a_tensor("leaky_relu", "input", input)
     return _ops.leaky_relu.default(input, negative_slope)
 
 
 def sigmoid(input: Tensor) -> Tensor:
     """1 / (1 + exp(-input)), elementwise."""
+    if not isinstance(input, Tensor):
+        raise not_a_tensor("sigmoid", "input", input)
     return _ops.sigmoid.default(input)
 
 
 def tanh(input: Tensor) -> Tensor:
     """Hyperbolic tangent, elementwise."""
+    if not isinstance(input, Tensor):
+        raise not_a_tensor("tanh", "input", input)
     return _ops.tanh.default(input)
 
 
 def gelu(input: Tensor, approximate: str = "none") -> Tensor:
     """x * Phi(x) with the exact normal CDF (approximate='none') or its tanh approximation (approximate='tanh')."""
+    if not isinstance(input, Tensor):
+        raise not_a_tensor("gelu", "input", input)
     return _ops.gelu.default(input, approximate=approximate)
 
 
 def silu(input: Tensor) -> Tensor:
     """input * sigmoid(input), elementwise."""
+    if not isinstance(input, Tensor):
+        raise not_a_tensor("silu", "input", input)
     return _ops.silu.default(input)
 
 

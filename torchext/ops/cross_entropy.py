@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._common import autocast_cpu_to_float32, autocast_to_float32
+from ._common import autocast_cpu_to_float32, autocast_to_float32, not_a_tensor
 
 __all__ = ["cross_entropy", "check_targets"]
 
@@ -43,6 +43,12 @@ def cross_entropy(
     input: (C,), (N, C) or (N, C, d1, ..., dk) logits; target: (), (N,) or (N, d1, ..., dk) int64.
     Returns a 0-dim loss for 'mean'/'sum' and target's shape for 'none'.
     """
+    if not isinstance(input, Tensor):
+        raise not_a_tensor("cross_entropy", "input", input)
+    if not isinstance(target, Tensor):
+        raise not_a_tensor("cross_entropy", "target", target)
+    if weight is not None and not isinstance(weight, Tensor):
+        raise not_a_tensor("cross_entropy", "weight", weight, optional=True)
     if input.dim() == 0:
         raise ValueError("torchext.ops.cross_entropy: `input` must have at least one dimension (the classes)")
     if input.dim() == 1:

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._common import autocast_to_float32
+from ._common import autocast_to_float32, not_a_tensor
 
 __all__ = ["mse_loss", "binary_cross_entropy_with_logits", "multi_margin_loss"]
 
@@ -27,7 +27,14 @@ _REDUCTIONS = ("none", "mean", "sum")
 def mse_loss(input: Tensor, target: Tensor, weight: Optional[Tensor] = None, reduction: str = "mean") -> Tensor:
     """Squared error w (input - target)^2; 'mean' divides the sum by the number of elements, or by sum(weight) when
     weight (input's shape) is given. A target of another shape is broadcast against input, with a warning, as in
-    torch.nn.functional.mse_loss."""
+    torch.nn.functional.mse_loss; weight then broadcasts too, and the weighted mean still divides by the sum of the
+    weight as given (not of its broadcast copy), as torch's does."""
+    if not isinstance(input, Tensor):
+        raise not_a_tensor("mse_loss", "input", input)
+    if not isinstance(target, Tensor):
+        raise not_a_tensor("mse_loss", "target", target)
+    if weight is not None and not isinstance(weight, Tensor):
+        raise not_a_tensor("mse_loss", "weight", weight, optional=True)
     if target.size() != input.size():
         warnings.warn(
             f"Using a target size ({target.size()}) that is different to the input size ({input.size()}). "
@@ -36,10 +43,22 @@ def mse_loss(input: Tensor, target: Tensor, weight: Optional[Tensor] = None, red
             stacklevel=2,
         )
         if weight is not None and weight.size() != input.size():
-            raise ValueError(f"`weight` must have the input's size {tuple(input.shape)}, got {tuple(weight.shape)}")
-        input, target = (t.contiguous() for t in torch.broadcast_tensors(input, target))
+            raise ValueError(
+                f"torchext mse_loss(): `weight` must have the input's size {tuple(input.shape)}, got "
+                f"{tuple(weight.shape)}"
+            )
+        try:
+            input, target = (t.contiguous() for t in torch.broadcast_tensors(input, target))
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"torchext mse_loss(): `target` of shape {tuple(target.shape)} does not broadcast against `input` of "
+                f"shape {tuple(input.shape)}"
+            ) from e
         if weight is not None:
-            weight = weight.expand(input.shape).contiguous()
+            expanded = weight.expand(input.shape).contiguous()
+            if reduction == "mean":
+                return _ops.mse_loss.default(input, target, expanded, "sum") / weight.sum()
+            weight = expanded
     return _ops.mse_loss.default(input, target, weight, reduction)
 
 
@@ -53,6 +72,14 @@ def binary_cross_entropy_with_logits(
     """Binary cross entropy on logits, computed stably: w ((1 - y) x + (1 + (pos_weight - 1) y) softplus(-x)).
     target has input's shape; weight broadcasts to input's shape, pos_weight too (typically one value per class,
     along the last dimension). 'mean' divides by the number of elements."""
+    if not isinstance(input, Tensor):
+        raise not_a_tensor("binary_cross_entropy_with_logits", "input", input)
+    if not isinstance(target, Tensor):
+        raise not_a_tensor("binary_cross_entropy_with_logits", "target", target)
+    if weight is not None and not isinstance(weight, Tensor):
+        raise not_a_tensor("binary_cross_entropy_with_logits", "weight", weight, optional=True)
+    if pos_weight is not None and not isinstance(pos_weight, Tensor):
+        raise not_a_tensor("binary_cross_entropy_with_logits", "pos_weight", pos_weight, optional=True)
     return _ops.binary_cross_entropy_with_logits.default(input, target, weight, pos_weight, reduction)
 
 
@@ -68,6 +95,12 @@ def multi_margin_loss(
     per row, weight[y] / C * sum over j != y of max(0, margin - input[y] + input[j])^p, p in {1, 2}.
     'mean' divides by N. A target outside [0, C) raises IndexError; on CUDA, by default from a later call or
     ``check_targets()``, as for cross_entropy (the offending rows give NaN)."""
+    if not isinstance(input, Tensor):
+        raise not_a_tensor("multi_margin_loss", "input", input)
+    if not isinstance(target, Tensor):
+        raise not_a_tensor("multi_margin_loss", "target", target)
+    if weight is not None and not isinstance(weight, Tensor):
+        raise not_a_tensor("multi_margin_loss", "weight", weight, optional=True)
     return _ops.multi_margin_loss.default(input, target, p, margin, weight, reduction)
 
 

@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._common import autocast_cpu_to_float32, autocast_cuda_to_autocast_dtype, needs_grad
+from ._common import autocast_cpu_to_float32, autocast_cuda_to_autocast_dtype, needs_grad, not_a_tensor
 
 __all__ = ["matmul", "matmul_kernel", "linear", "ACTIVATIONS", "MATMUL_KERNELS"]
 
@@ -54,17 +54,31 @@ def activation_name(activation: Optional[str]) -> str:
 
 def matmul(a: Tensor, b: Tensor, kernel: Optional[str] = None) -> Tensor:
     """a @ b for a (*, M, K) and b (K, N) or (*, K, N); batch dimensions broadcast. Returns (*batch, M, N)."""
+    if not isinstance(a, Tensor):
+        raise not_a_tensor("matmul", "a", a)
+    if not isinstance(b, Tensor):
+        raise not_a_tensor("matmul", "b", b)
     return _ops.matmul.default(a, b, kernel)
 
 
 def matmul_kernel(a: Tensor, b: Tensor, kernel: Optional[str] = None) -> str:
     """The kernel matmul(a, b, kernel) would run ('cpu' for CPU tensors); raises as matmul would if it cannot."""
+    if not isinstance(a, Tensor):
+        raise not_a_tensor("matmul_kernel", "a", a)
+    if not isinstance(b, Tensor):
+        raise not_a_tensor("matmul_kernel", "b", b)
     return _ops.matmul_kernel.default(a, b, kernel)
 
 
 def linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None) -> Tensor:
     """act(input @ weight.T + bias): input (*, in_features), weight (out_features, in_features), bias
     (out_features,); activation None / 'none', 'relu', 'gelu', 'gelu_tanh' or 'silu'."""
+    if not isinstance(input, Tensor):
+        raise not_a_tensor("linear", "input", input)
+    if not isinstance(weight, Tensor):
+        raise not_a_tensor("linear", "weight", weight)
+    if bias is not None and not isinstance(bias, Tensor):
+        raise not_a_tensor("linear", "bias", bias, optional=True)
     return _ops.linear.default(input, weight, bias, activation_name(activation))[0]
 
 
@@ -134,7 +148,7 @@ def _matmul_backward(ctx, grad):
     if needs_grad(ctx, 1):
         if len(ctx.b_shape) == 2:
             # One (K, M*) @ (M*, N) product over every row of every batch entry.
-            grad_b = matmul(a.flatten(0, -2).mT, grad.flatten(0, -2))  # flatten, not reshape(-1, k): k may be 0
+            grad_b = matmul(a.flatten(0, -2).mT, grad.flatten(0, -2))  # flatten, not reshape(-1, k): k or n may be 0
         else:
             grad_b = matmul(a.mT, grad).sum_to_size(ctx.b_shape)
     return grad_a, grad_b, None

@@ -12,7 +12,7 @@ float32, as PyTorch runs softmax and log_softmax in float32 under autocast.
 import torch
 from torch import Tensor
 
-from ._common import autocast_to_float32
+from ._common import autocast_to_float32, not_a_tensor
 
 __all__ = ["softmax", "log_softmax"]
 
@@ -21,11 +21,15 @@ _ops = torch.ops.torchext
 
 def softmax(input: Tensor) -> Tensor:
     """exp(input) / sum(exp(input)) over the last dimension, computed stably (the row max is subtracted first)."""
+    if not isinstance(input, Tensor):
+        raise not_a_tensor("softmax", "input", input)
     return _ops.softmax.default(input)
 
 
 def log_softmax(input: Tensor) -> Tensor:
     """input - log(sum(exp(input))) over the last dimension, computed stably (the row max is subtracted first)."""
+    if not isinstance(input, Tensor):
+        raise not_a_tensor("log_softmax", "input", input)
     return _ops.log_softmax.default(input)
 
 
