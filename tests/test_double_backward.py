@@ -181,6 +181,22 @@ def test_matmul_gradgradcheck(device):
         assert gradgradcheck(TF.matmul, (a, b)), f"[matmul {a_shape} @ {b_shape}]"
 
 
+@pytest.mark.parametrize("device", device_params())
+def test_double_backward_with_empty_dimensions(device):
+    """Zero rows through linear (its composed backward runs matmuls with k = 0), k = 0 and n = 0 through matmul:
+    the derivatives are empty or zero tensors, no reshape error."""
+    cases = {
+        "linear, 0 rows": (lambda x, w: TF.linear(x, w, None, "gelu"), ((0, 4), (3, 4))),
+        "matmul, k = 0": (TF.matmul, ((3, 0), (0, 4))),
+        "matmul, n = 0": (TF.matmul, ((2, 3, 4), (4, 0))),
+    }
+    for what, (fn, shapes) in cases.items():
+        inputs = [f64(shape, device) for shape in shapes]
+        assert gradgradcheck(fn, inputs), f"[{what}]"
+        for i, d2 in enumerate(second_derivatives(fn, inputs)):
+            assert not d2.any(), f"[{what}: second derivative {i}] expected zeros, got {d2}"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Second derivatives against torch's own.
 

@@ -105,9 +105,9 @@ def _matmul_backward(ctx, grad):
         grad_a = matmul(grad, b.mT).sum_to_size(ctx.a_shape)
     if needs_grad(ctx, 1):
         if len(ctx.b_shape) == 2:
-            # One (K, M*) @ (M*, N) product over every row of every batch entry.
-            k, n = ctx.b_shape
-            grad_b = matmul(a.reshape(-1, k).mT, grad.reshape(-1, n))
+            # One (K, M*) @ (M*, N) product over every row of every batch entry (flatten, not reshape(-1, k):
+            # that is ambiguous when k or n is 0).
+            grad_b = matmul(a.flatten(0, -2).mT, grad.flatten(0, -2))
         else:
             grad_b = matmul(a.mT, grad).sum_to_size(ctx.b_shape)
     return grad_a, grad_b, None
