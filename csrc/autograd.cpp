@@ -28,8 +28,8 @@
 // Not implemented, raising NotImplementedError when such a gradient is asked for (never a silent zero): the
 // gradients with respect to the losses' class and element weights (`weight`, `pos_weight`), and with respect to
 // cross_entropy_backward's `lse` and `total_weight` (non-differentiable results of cross_entropy). Every other
-// derivative is exact almost everywhere; the piecewise-linear ones (relu, leaky_relu, multi_margin_loss with p=1)
-// have a zero second derivative, as torch's do.
+// derivative is exact almost everywhere: relu's and leaky_relu's second derivatives are zero, as torch's are, and
+// so is multi_margin_loss's for p=1 (torch's multi_margin_loss has no second derivative at all: it raises).
 #include <ATen/autocast_mode.h>
 #include <c10/util/accumulate.h>
 #include <torch/autograd.h>
