@@ -1,7 +1,8 @@
 // Every torchext op schema, in one place. Backends register kernels for these names in
 // csrc/<family>_cpu.cpp (TORCH_LIBRARY_IMPL(torchext, CPU, m)) and csrc/<family>_cuda.cpp (..., CUDA, m).
-// Fake kernels live next to the Python wrappers in torchext/ops/<family>.py; autograd and the CUDA autocast rules
-// of the activations, softmax, cross_entropy and linear in csrc/autograd.cpp, the others' in the Python files.
+// Fake kernels live next to the Python wrappers in torchext/ops/<family>.py; the autograd of every op and *_backward
+// op but matmul (so double backward works) and the CUDA autocast rules of cross_entropy and linear in
+// csrc/autograd.cpp; matmul's autograd and the other autocast rules in the Python files.
 //
 // Conventions: `self` is the op's main input, `output` a saved forward result; `reduction` is 'none'|'mean'|'sum';
 // no op writes into its inputs.

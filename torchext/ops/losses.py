@@ -151,83 +151,9 @@ def _(grad_output, self, target, p, margin, weight, reduction):
     return self.new_empty(self.shape)
 
 
-# Autograd. Backward calls the registered backward ops; d/dtarget of mse_loss is -d/dinput.
-def _needs_grad(ctx, index: int) -> bool:
-    # Trailing arguments equal to their defaults are not passed through autograd: they have no entry.
-    return index < len(ctx.needs_input_grad) and ctx.needs_input_grad[index]
-
-
-def _no_weight_grad(op: str, ctx, indices_and_names) -> None:
-    for index, name in indices_and_names:
-        if _needs_grad(ctx, index):
-            raise NotImplementedError(f"torchext::{op}: the gradient with respect to `{name}` is not implemented")
-
-
-def _mse_setup(ctx, inputs, output):
-    self, target, weight, reduction = inputs
-    ctx.reduction = reduction
-    if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-        ctx.save_for_backward(self, target, weight)
-
-
-def _mse_backward(ctx, grad):
-    _no_weight_grad("mse_loss", ctx, [(2, "weight")])
-    grad_self = grad_target = None
-    if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-        self, target, weight = ctx.saved_tensors
-        g = _ops.mse_loss_backward.default(grad, self, target, weight, ctx.reduction)
-        grad_self = g if ctx.needs_input_grad[0] else None
-        grad_target = -g if ctx.needs_input_grad[1] else None
-    return grad_self, grad_target, None, None
-
-
-torch.library.register_autograd("torchext::mse_loss", _mse_backward, setup_context=_mse_setup)
-
-
-def _bce_setup(ctx, inputs, output):
-    self, target, weight, pos_weight, reduction = inputs
-    ctx.reduction = reduction
-    if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-        ctx.save_for_backward(self, target, weight, pos_weight)
-
-
-def _bce_backward(ctx, grad):
-    _no_weight_grad("binary_cross_entropy_with_logits", ctx, [(2, "weight"), (3, "pos_weight")])
-    grad_self = grad_target = None
-    if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-        self, target, weight, pos_weight = ctx.saved_tensors
-        backward = _ops.binary_cross_entropy_with_logits_backward.default
-        if ctx.needs_input_grad[0]:
-            grad_self = backward(grad, self, target, weight, pos_weight, ctx.reduction, False)
-        if ctx.needs_input_grad[1]:
-            grad_target = backward(grad, self, target, weight, pos_weight, ctx.reduction, True)
-    return grad_self, grad_target, None, None, None
-
-
-torch.library.register_autograd("torchext::binary_cross_entropy_with_logits", _bce_backward, setup_context=_bce_setup)
-
-
-def _multi_margin_setup(ctx, inputs, output):
-    self, target, p, margin, weight, reduction = inputs
-    ctx.p, ctx.margin, ctx.reduction = p, margin, reduction
-    if ctx.needs_input_grad[0]:
-        ctx.save_for_backward(self, target, weight)
-
-
-def _multi_margin_backward(ctx, grad):
-    _no_weight_grad("multi_margin_loss", ctx, [(4, "weight")])
-    grad_self = None
-    if ctx.needs_input_grad[0]:
-        self, target, weight = ctx.saved_tensors
-        grad_self = _ops.multi_margin_loss_backward.default(
-            grad, self, target, ctx.p, ctx.margin, weight, ctx.reduction
-        )
-    return grad_self, None, None, None, None, None
-
-
-torch.library.register_autograd(
-    "torchext::multi_margin_loss", _multi_margin_backward, setup_context=_multi_margin_setup
-)
+# Autograd is C++ (csrc/autograd.cpp), for the ops and their backward ops (double backward): gradients with
+# respect to input and, for mse_loss and binary_cross_entropy_with_logits, target; asking for one with respect to
+# `weight` or `pos_weight` raises NotImplementedError.
 
 for _name in ("mse_loss", "binary_cross_entropy_with_logits", "multi_margin_loss"):
     autocast_to_float32(f"torchext::{_name}")
