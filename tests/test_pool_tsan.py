@@ -23,8 +23,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TSAN_FLAGS = ["-std=c++17", "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=thread", "-pthread"]
 # halt_on_error: the first race ends the run, with TSan's exit code 66 and its report on stderr.
 TSAN_ENV = {"TSAN_OPTIONS": "halt_on_error=1 exitcode=66 second_deadlock_stack=1"}
-# Some kernels place mappings where TSan's shadow memory must go ("FATAL: ThreadSanitizer: unexpected memory
-# mapping"); without address-space randomisation the program runs.
+# With the address-space randomisation of some kernels (vm.mmap_rnd_bits = 32), a TSan program fails now and then
+# with "FATAL: ThreadSanitizer: unexpected memory mapping", depending on where it was loaded. Programs run without
+# it (setarch -R) wherever setarch may turn it off, else as they are.
 NO_ASLR = ["setarch", platform.machine(), "-R"]
 
 PROBE = """
@@ -86,7 +87,7 @@ def _find_tsan(workdir) -> Tsan | str:
         if proc.returncode != 0:
             reasons.append(f"{compiler} cannot build with -fsanitize=thread ({proc.stderr.strip()[-200:]})")
             continue
-        for prefix in ([], NO_ASLR):
+        for prefix in (NO_ASLR, []):
             if prefix and not shutil.which(prefix[0]):
                 continue
             run = subprocess.run([*prefix, out], capture_output=True, text=True, timeout=60, env=os.environ)
