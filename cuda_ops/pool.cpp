@@ -6,6 +6,7 @@
 #include "pool.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <limits>
 #include <sstream>
@@ -31,6 +32,13 @@ std::string human_bytes(double n) {
   s.precision(u == 0 ? 0 : 2);
   s << v << ' ' << units[u];
   return s.str();
+}
+
+// A number for the calling thread, unique in the process: unlike std::thread::id, never reused after a thread ends.
+uint64_t this_thread_number() {
+  static std::atomic<uint64_t> next{0};
+  thread_local const uint64_t number = next.fetch_add(1);
+  return number;
 }
 
 enum class State : uint8_t { kFree, kAllocated, kPending };
@@ -81,7 +89,8 @@ class PoolBase : public Pool {
     if (bytes == 0) return nullptr;
     std::lock_guard<std::mutex> lock(mutex_);
     if (bytes > std::numeric_limits<size_t>::max() / 2) {
-      error_ = "cannot allocate " + std::to_string(bytes) + " bytes: the request is larger than any device";
+      errors_[this_thread_number()] =
+          "cannot allocate " + std::to_string(bytes) + " bytes: the request is larger than any device";
       ++stats_.ooms;
       return nullptr;
     }
@@ -117,7 +126,7 @@ class PoolBase : public Pool {
       auto [dev_free, dev_total] = backend_->device_memory();
       if (dev_total >= 0) msg << "; the device has " << human_bytes(dev_free) << " free of " << human_bytes(dev_total);
       msg << ". Pool (" << kind() << "): " << describe(compute_stats());
-      error_ = msg.str();
+      errors_[this_thread_number()] = msg.str();
       return nullptr;
     }
     b->state = State::kAllocated;
@@ -190,7 +199,8 @@ class PoolBase : public Pool {
 
   std::string last_error() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    return error_;
+    auto it = errors_.find(this_thread_number());
+    return it == errors_.end() ? std::string() : it->second;
   }
 
   std::vector<SegmentInfo> snapshot() override {
@@ -311,7 +321,9 @@ class PoolBase : public Pool {
   std::vector<std::pair<Block*, EventId>> pending_;
   std::vector<StreamId> streams_;  // every stream seen, for the cross-stream search
   std::vector<Block*> block_cache_;
-  std::string error_;
+  // Each thread's last allocation failure (by this_thread_number), so that a thread reads its own even when others
+  // fail too. One entry per thread that ever failed on this pool.
+  std::unordered_map<uint64_t, std::string> errors_;
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -601,6 +613,7 @@ std::string describe(const PoolStats& s) {
 HostBackend::~HostBackend() = default;
 
 void* HostBackend::reserve(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
   if (capacity_ != 0 && in_use_ + bytes > capacity_) return nullptr;
   void* p = std::aligned_alloc(kAlignment, round_up(bytes, kAlignment));
   if (p == nullptr) return nullptr;
@@ -609,37 +622,54 @@ void* HostBackend::reserve(size_t bytes) {
 }
 
 void HostBackend::release(void* ptr, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
   std::free(ptr);
   in_use_ -= bytes;
 }
 
 EventId HostBackend::record_event(StreamId stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
   auto id = reinterpret_cast<EventId>(++next_event_);
   events_[id] = {stream, false};
   return id;
 }
 
 bool HostBackend::event_done(EventId event) {
+  std::lock_guard<std::mutex> lock(mutex_);
   auto it = events_.find(event);
   if (it == events_.end()) throw std::logic_error("host backend: unknown event");
   return it->second.done;
 }
 
 void HostBackend::wait_event(StreamId waiter, EventId event) {
+  std::lock_guard<std::mutex> lock(mutex_);
   auto it = events_.find(event);
   if (it == events_.end()) throw std::logic_error("host backend: unknown event");
   waits_.emplace_back(waiter, it->second.stream);
 }
 
 void HostBackend::destroy_event(EventId event) {
+  std::lock_guard<std::mutex> lock(mutex_);
   if (events_.erase(event) != 1) throw std::logic_error("host backend: event destroyed twice");
 }
 
 void HostBackend::complete_events() {
+  std::lock_guard<std::mutex> lock(mutex_);
   for (auto& [id, e] : events_) e.done = true;
 }
 
+void HostBackend::set_capacity(size_t capacity) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  capacity_ = capacity;
+}
+
+std::vector<std::pair<StreamId, StreamId>> HostBackend::waits() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return waits_;
+}
+
 std::pair<int64_t, int64_t> HostBackend::device_memory() {
+  std::lock_guard<std::mutex> lock(mutex_);
   if (capacity_ == 0) return {-1, -1};
   return {static_cast<int64_t>(capacity_ > in_use_ ? capacity_ - in_use_ : 0), static_cast<int64_t>(capacity_)};
 }

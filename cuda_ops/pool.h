@@ -41,7 +41,9 @@ constexpr size_t kSmallRequest = 1 << 20;   // requests up to 1 MiB are "small"
 constexpr size_t kSmallSegment = 2 << 20;   // small requests are packed into 2 MiB segments
 constexpr size_t kLargeRounding = 2 << 20;  // larger requests get a segment of their size rounded to 2 MiB
 
-// What a pool needs from the device. Called with the pool's lock held, never concurrently for one pool.
+// What a pool needs from the device. The pool calls it with its lock held, so a backend needs no lock of its own for
+// the pool's sake; one with methods of its own that others may call at any time (HostBackend's complete_events,
+// set_capacity, waits) locks its state itself.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -63,7 +65,9 @@ class Backend {
 };
 
 // Host memory standing in for a device, for tests: an optional capacity makes reserve() fail like an out-of-memory
-// device, and events complete only when the test says so (complete_events), so stream ordering can be checked.
+// device, and events complete only when the test says so (complete_events), so stream ordering can be checked. Every
+// method is thread-safe: a test thread may complete events or change the capacity while others allocate (the pool
+// then holds its lock, and takes this backend's lock inside it; the backend never calls the pool).
 class HostBackend final : public Backend {
  public:
   explicit HostBackend(size_t capacity = 0) : capacity_(capacity) {}
@@ -80,15 +84,17 @@ class HostBackend final : public Backend {
 
   // Completes every event recorded so far (as if the device caught up).
   void complete_events();
-  void set_capacity(size_t capacity) { capacity_ = capacity; }
-  // Cross-stream waits issued so far (waiter, stream the event was recorded on), for tests.
-  const std::vector<std::pair<StreamId, StreamId>>& waits() const { return waits_; }
+  void set_capacity(size_t capacity);
+  // Cross-stream waits issued so far (waiter, stream the event was recorded on), for tests. A copy: the list grows
+  // while other threads allocate.
+  std::vector<std::pair<StreamId, StreamId>> waits() const;
 
  private:
   struct Event {
     StreamId stream;
     bool done;
   };
+  mutable std::mutex mutex_;  // guards everything below
   size_t capacity_;
   size_t in_use_ = 0;
   uintptr_t next_event_ = 0;
@@ -136,6 +142,7 @@ struct SegmentInfo {
   std::vector<BlockInfo> blocks;  // in address order, covering the segment exactly
 };
 
+// Every method is thread-safe: one mutex per pool guards all of its state, and the backend is called only under it.
 class Pool {
  public:
   virtual ~Pool() = default;
@@ -154,8 +161,12 @@ class Pool {
   virtual std::vector<SegmentInfo> snapshot() = 0;
   // The size of the block handed out at `ptr` (0 if unknown).
   virtual size_t block_size(const void* ptr) = 0;
+  // Why the calling thread's last failed allocate() on this pool failed ("" if none did): another thread's failure
+  // in between does not change it.
   virtual std::string last_error() = 0;
   virtual std::string kind() const = 0;
+  // The backend, for its name() and, on the host backend, its own thread-safe test methods. Its Backend methods
+  // belong to the pool: called from outside, they would bypass the pool's lock and bookkeeping.
   virtual Backend& backend() = 0;
 };
 

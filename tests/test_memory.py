@@ -5,18 +5,24 @@ out-of-memory handling with a capacity; errors; the device-only API on a machine
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import ctypes
 import dataclasses
+import json
 import math
 import os
 import random
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 import torch
 
 import torchext  # noqa: F401  (registers torch.classes.torchext.Pool)
-from torchext import _loader
+from torchext import _loader, memory
 from torchext.memory import Pool
 
 KiB = 1 << 10
@@ -57,6 +63,10 @@ def pow2_block(n: int) -> int:
     while size < n:
         size <<= 1
     return size
+
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
 
 
 def is_pow2(n: int) -> bool:
@@ -422,45 +432,201 @@ def test_random_workload_with_capacity_keeps_invariants(kind, seed):
     check_everything_free(model.pool, f"{kind}, seed {seed}, capacity, everything freed")
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_thread_safety_smoke(kind):
-    """Four threads, each on its own stream, allocate and free on one pool; then the invariants hold. (TorchBind
-    calls may hold the GIL, so this is a smoke test of the locking, not a stress test.)"""
+def test_pool_methods_run_without_the_gil():
+    """A long call into the pool (time_alloc_free's C++ loop) in one thread does not stop Python in another: every
+    method of torch.classes.torchext.Pool runs with the GIL released (TorchBind drops it around the call), so the
+    threads of the test below really call into the pool at the same time."""
+    pool = Pool("best_fit")
+    duration = []
+
+    def long_call() -> None:
+        t0 = time.perf_counter()
+        pool.time_alloc_free([512, 4096, 3 * MiB], live=2, rounds=200_000)
+        duration.append(time.perf_counter() - t0)
+
+    thread = threading.Thread(target=long_call)
+    thread.start()
+    largest_gap, last = 0.0, time.perf_counter()
+    while thread.is_alive():
+        now = time.perf_counter()
+        largest_gap, last = max(largest_gap, now - last), now
+    thread.join()
+    assert duration[0] > 0.1, f"time_alloc_free took {duration[0]:.3f} s: too short to tell whether the GIL is held"
+    assert largest_gap < duration[0] / 4, (
+        f"[main thread while another runs a {duration[0]:.2f} s pool call] stalled for {largest_gap:.2f} s at once: "
+        f"the pool's methods hold the GIL"
+    )
+
+
+# Pool methods the threads of every_method_from_threads call, besides allocate and free.
+THREADED_METHODS = (
+    "record_stream", "block_size", "stats", "snapshot", "empty_cache", "reset_peak_stats", "last_error", "kind",
+    "backend", "time_alloc_free", "complete_events", "waits", "set_capacity",
+)  # fmt: skip
+
+
+def every_method_from_threads(kind: str, threads: int = 4, operations: int = 2000) -> dict:
+    """Threads 1 to `threads` - 1, each on its own stream, allocate, write, check and free blocks of one pool, passing
+    half of them to record_stream (on any thread's stream) before freeing them, and now and then call any other
+    method. Meanwhile thread 0 plays the device: it calls complete_events over and over, and every fourth time any
+    other method (THREADED_METHODS), until the others are done. set_capacity switches
+    between unlimited and a capacity that makes some allocations fail. Checks the bytes of every block, that each
+    stats() adds up and each snapshot() tiles its segments, and at the end that everything went back. Returns the
+    number of calls per method. Run in a subprocess by the test below, so that a crash fails the test instead of
+    ending the run."""
     pool = Pool(kind)
-    errors: list[Exception] = []
+    calls = collections.Counter()
+    errors: list[BaseException] = []
+    done = threading.Event()
+    lock = threading.Lock()
 
-    def worker(index: int) -> None:
+    def call_other(rng: random.Random, index: int, held: list, mine: collections.Counter) -> None:
+        method = rng.choice(THREADED_METHODS)
+        mine[method] += 1
+        if method == "record_stream":
+            if held:
+                pool.record_stream(rng.choice(held)[0], 100 + rng.randrange(threads))
+        elif method == "block_size":
+            if held:
+                address, size, _ = rng.choice(held)
+                assert pool.block_size(address) == size, f"thread {index}: block_size of a held block changed"
+        elif method == "stats":
+            s = pool.stats()
+            held_or_free = s["allocated_bytes"] + s["pending_free_bytes"] + s["free_bytes"]
+            assert held_or_free == s["reserved_bytes"], f"thread {index}: stats do not add up: {s}"
+        elif method == "snapshot":
+            for seg in pool.snapshot():
+                assert sum(b.size for b in seg.blocks) == seg.size, f"thread {index}: blocks do not tile {seg}"
+        elif method == "time_alloc_free":
+            with contextlib.suppress(torch.OutOfMemoryError):
+                assert pool.time_alloc_free([700, 3 * MiB], live=1, rounds=2, stream=100 + index) > 0
+        elif method == "set_capacity":
+            pool.set_capacity(rng.choice((0, 24 * MiB)))
+        elif method in ("kind", "backend"):
+            assert (pool.kind, pool.backend) == (kind, "host"), f"thread {index}: kind {pool.kind}"
+        else:
+            getattr(pool, method)()
+
+    def run(index: int, body) -> None:
+        mine = collections.Counter()
         try:
-            rng = random.Random(index)
-            held: list[tuple[int, int, bytes]] = []
-            stream = 100 + index
-            for _ in range(400):
-                if held and (len(held) >= 16 or rng.random() < 0.45):
-                    address, size, pattern = held.pop(rng.randrange(len(held)))
-                    check_pattern(address, size, pattern, f"thread {index}")
-                    pool.free(address)
-                else:
-                    size = int(math.exp(rng.uniform(0.0, math.log(16 * MiB))))
-                    address = pool.allocate(size, stream)
-                    block = pool.block_size(address)
-                    assert block >= size, f"thread {index}: block_size {block} < {size}"
-                    pattern = rng.randbytes(EDGE)
-                    write_pattern(address, block, pattern)
-                    held.append((address, block, pattern))
-            for address, size, pattern in held:
-                check_pattern(address, size, pattern, f"thread {index}, end")
-                pool.free(address)
-        except Exception as e:  # reported by the main thread
+            body(random.Random(index), index, mine)
+        except BaseException as e:  # reported by the main thread
             errors.append(e)
+            done.set()
+        with lock:
+            calls.update(mine)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for t in threads:
+    def device(rng: random.Random, index: int, mine: collections.Counter) -> None:
+        while not done.is_set():  # mostly complete_events: the device is always catching up
+            pool.complete_events()
+            mine["complete_events"] += 1
+            if rng.random() < 0.25:
+                call_other(rng, index, [], mine)
+
+    def user(rng: random.Random, index: int, mine: collections.Counter) -> None:
+        held: list[tuple[int, int, bytes]] = []
+        stream = 100 + index
+
+        def free_one() -> None:
+            address, size, pattern = held.pop(rng.randrange(len(held)))
+            check_pattern(address, size, pattern, f"thread {index}")
+            if rng.random() < 0.5:
+                pool.record_stream(address, 100 + rng.randrange(threads))
+                mine["record_stream"] += 1
+            pool.free(address)
+            mine["free"] += 1
+
+        for _ in range(operations):
+            if rng.random() < 0.1:
+                call_other(rng, index, held, mine)
+            elif held and (len(held) >= 16 or rng.random() < 0.45):
+                free_one()
+            else:
+                size = int(math.exp(rng.uniform(0.0, math.log(4 * MiB))))
+                try:
+                    address = pool.allocate(size, stream)
+                except torch.OutOfMemoryError:
+                    continue
+                mine["allocate"] += 1
+                block = pool.block_size(address)
+                assert block >= size, f"thread {index}: block_size {block} < {size}"
+                pattern = rng.randbytes(EDGE)
+                write_pattern(address, block, pattern)
+                held.append((address, block, pattern))
+        while held:
+            free_one()
+
+    workers = [threading.Thread(target=run, args=(i, user if i else device)) for i in range(threads)]
+    for t in workers:
         t.start()
-    for t in threads:
+    for t in workers[1:]:
         t.join()
-    assert not errors, f"a thread failed: {errors[0]!r}"
+    done.set()
+    workers[0].join()
+    if errors:
+        raise errors[0]
     pool.complete_events()
-    check_everything_free(pool, f"{kind} after 4 threads")
+    pool.set_capacity(0)
+    check_everything_free(pool, f"{kind} after {threads} threads")
+    return {method: calls[method] for method in ("allocate", "free", *THREADED_METHODS)}
+
+
+def complete_events_while_threads_free(kind: str, operations: int = 5000) -> dict:
+    """The crash of issue 17, as small as it gets: three threads allocate, record_stream and free as fast as they can
+    while a fourth calls complete_events. Returns the number of blocks freed."""
+    pool = Pool(kind)
+    done = threading.Event()
+    freed = collections.Counter()
+
+    def user(index: int) -> None:
+        rng = random.Random(index)
+        held = []
+        for _ in range(operations):
+            if held and (len(held) > 16 or rng.random() < 0.5):
+                address = held.pop(rng.randrange(len(held)))
+                pool.record_stream(address, 100 + rng.randrange(4))
+                pool.free(address)
+                freed[index] += 1
+            else:
+                held.append(pool.allocate(rng.randrange(1, MiB), 100 + index))
+        for address in held:
+            pool.free(address)
+
+    def device() -> None:
+        while not done.is_set():
+            pool.complete_events()
+
+    users = [threading.Thread(target=user, args=(i,)) for i in range(3)]
+    catching_up = threading.Thread(target=device)
+    for t in [catching_up, *users]:
+        t.start()
+    for t in users:
+        t.join()
+    done.set()
+    catching_up.join()
+    pool.complete_events()
+    check_everything_free(pool, f"{kind} after complete_events while 3 threads free")
+    return {"freed": sum(freed.values())}
+
+
+@pytest.mark.parametrize("function", ["complete_events_while_threads_free", "every_method_from_threads"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_threads_without_the_gil(kind, function):
+    """Threads calling into one pool at once, in a fresh process so that a crash fails the test. Before the host
+    backend had a lock of its own, complete_events_while_threads_free crashed with a segmentation fault nearly every
+    run (and every_method_from_threads now and then)."""
+    code = (
+        f"import json, sys; sys.path.insert(0, {TESTS!r}); import test_memory; "
+        f"print(json.dumps(test_memory.{function}({kind!r})))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, (
+        f"[{function}, {kind} pool] the process exited with {proc.returncode} (negative: killed by that signal, -11 "
+        f"is a segmentation fault):\n{proc.stderr[-4000:]}"
+    )
+    calls = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert all(calls.values()), f"[{function}, {kind} pool] methods never called: {calls}"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -897,16 +1063,136 @@ def test_bad_pointers_raise_value_error(kind):
 
 
 def test_bad_arguments_raise_value_error():
-    with pytest.raises(ValueError, match="size.* must be >= 0"):
-        Pool("best_fit").allocate(-1)
     with pytest.raises(ValueError, match="kind must be 'best_fit' or 'pow2', got 'buddy'"):
         Pool("buddy")
     with pytest.raises(ValueError, match="backend.* must be 'host' or 'cuda', got 'tpu'"):
         Pool("best_fit", backend="tpu")
-    with pytest.raises(ValueError, match="capacity.* must be >= 0"):
-        Pool("best_fit", capacity=-1)
-    with pytest.raises(ValueError, match="capacity.* must be >= 0"):
-        Pool("pow2").set_capacity(-1)
+
+
+def _with_block(call):
+    """call(pool, address) on a fresh pool holding one 4 KiB block."""
+
+    def run():
+        pool = Pool("best_fit")
+        return call(pool, pool.allocate(4 * KiB, stream=1))
+
+    return run
+
+
+def _enter(context_manager) -> None:
+    with context_manager:
+        pass
+
+
+# (call, exception, words the message must contain): every public entry of torchext.memory, every argument. Those
+# with a `device` are checked before CUDA is needed, so they run on machines without a GPU too.
+BAD_ARGUMENTS = {
+    "allocate(2**64)": (lambda: Pool().allocate(2**64), OverflowError, r"Pool.allocate: `size` must be less than 2"),
+    "allocate(2**63)": (lambda: Pool().allocate(2**63), OverflowError, r"`size` must be less than 2\*\*63, got 9223"),
+    "allocate(-1)": (lambda: Pool().allocate(-1), ValueError, "Pool.allocate: `size` must be >= 0, got -1"),
+    "allocate(1.5)": (lambda: Pool().allocate(1.5), TypeError, "Pool.allocate: `size` must be an int, got float 1.5"),
+    "allocate('10')": (lambda: Pool().allocate("10"), TypeError, "`size` must be an int, got str '10'"),
+    "allocate(True)": (lambda: Pool().allocate(True), TypeError, "`size` must be an int, got bool True"),
+    "allocate(None)": (lambda: Pool().allocate(None), TypeError, "`size` must be an int, got NoneType None"),
+    "allocate(tensor)": (lambda: Pool().allocate(torch.tensor(8)), TypeError, "`size` must be an int, got Tensor"),
+    "allocate(stream=1.0)": (
+        lambda: Pool().allocate(8, stream=1.0), TypeError,
+        "Pool.allocate: `stream` must be None, an int or a torch.cuda.Stream, got float 1.0",
+    ),
+    "allocate(stream=True)": (lambda: Pool().allocate(8, stream=True), TypeError, "`stream` must be None, an int"),
+    "allocate(stream=-1)": (lambda: Pool().allocate(8, stream=-1), ValueError, "`stream` must be >= 0, got -1"),
+    "allocate(stream=2**64)": (lambda: Pool().allocate(8, stream=2**64), OverflowError, "`stream` must be less than"),
+    "free(None)": (lambda: Pool().free(None), TypeError, "Pool.free: `address` must be an int, got NoneType None"),
+    "free(1.0)": (lambda: Pool().free(1.0), TypeError, "Pool.free: `address` must be an int, got float"),
+    "free('0')": (lambda: Pool().free("0"), TypeError, "`address` must be an int, got str '0'"),
+    "free(False)": (lambda: Pool().free(False), TypeError, "`address` must be an int, got bool False"),
+    "free(-512)": (lambda: Pool().free(-512), ValueError, "Pool.free: `address` must be >= 0, got -512"),
+    "free(2**64)": (lambda: Pool().free(2**64), OverflowError, "Pool.free: `address` must be less than 2"),
+    "record_stream(None, 2)": (
+        lambda: Pool().record_stream(None, 2), TypeError, "Pool.record_stream: `address` must be an int, got NoneType"
+    ),
+    "record_stream(a, 'x')": (
+        _with_block(lambda pool, a: pool.record_stream(a, "x")), TypeError,
+        "Pool.record_stream: `stream` must be None, an int or a torch.cuda.Stream, got str 'x'",
+    ),
+    "record_stream(a, -2)": (
+        _with_block(lambda pool, a: pool.record_stream(a, -2)), ValueError, "`stream` must be >= 0, got -2"
+    ),
+    "block_size(1.5)": (lambda: Pool().block_size(1.5), TypeError, "Pool.block_size: `address` must be an int"),
+    "block_size(2**64)": (lambda: Pool().block_size(2**64), OverflowError, "Pool.block_size: `address` must be less"),
+    "set_capacity(-1)": (lambda: Pool().set_capacity(-1), ValueError, "Pool.set_capacity: `capacity` must be >= 0"),
+    "set_capacity(1.5)": (lambda: Pool().set_capacity(1.5), TypeError, "`capacity` must be an int, got float 1.5"),
+    "set_capacity(2**64)": (lambda: Pool().set_capacity(2**64), OverflowError, "`capacity` must be less than 2"),
+    "time_alloc_free(512)": (
+        lambda: Pool().time_alloc_free(512), TypeError, "Pool.time_alloc_free: `sizes` must be a list of ints, got int"
+    ),
+    "time_alloc_free([1.5])": (
+        lambda: Pool().time_alloc_free([512, 1.5]), TypeError, r"`sizes\[1\]` must be an int, got float 1.5"
+    ),
+    "time_alloc_free([-1])": (lambda: Pool().time_alloc_free([-1]), ValueError, r"`sizes\[0\]` must be >= 0"),
+    "time_alloc_free([])": (lambda: Pool().time_alloc_free([]), ValueError, "`sizes` must not be empty"),
+    "time_alloc_free(live=-1)": (
+        lambda: Pool().time_alloc_free([512], live=-1), ValueError, "`live` must be >= 0, got -1"
+    ),
+    "time_alloc_free(rounds=0)": (
+        lambda: Pool().time_alloc_free([512], rounds=0), ValueError, "`rounds` must be >= 1, got 0"
+    ),
+    "time_alloc_free(stream='s')": (
+        lambda: Pool().time_alloc_free([512], stream="s"), TypeError, "Pool.time_alloc_free: `stream` must be None"
+    ),
+    "Pool(kind=1)": (lambda: Pool(1), TypeError, "torchext.memory.Pool: `kind` must be a str, got int 1"),
+    "Pool(backend=None)": (lambda: Pool(backend=None), TypeError, "Pool: `backend` must be a str, got NoneType"),
+    "Pool(device='0')": (lambda: Pool(device="0"), TypeError, "Pool: `device` must be an int, got str '0'"),
+    "Pool(capacity=-1)": (lambda: Pool(capacity=-1), ValueError, "Pool: `capacity` must be >= 0"),
+    "Pool(capacity=1.5)": (lambda: Pool(capacity=1.5), TypeError, "Pool: `capacity` must be an int, got float"),
+    "Pool(capacity=2**64)": (lambda: Pool(capacity=2**64), OverflowError, "`capacity` must be less than 2"),
+    "device_pool(1.5)": (
+        lambda: memory.device_pool(1.5), TypeError,
+        "device_pool: `device` must be None, an int, a str or a torch.device, got float 1.5",
+    ),
+    "device_pool(True)": (lambda: memory.device_pool(True), TypeError, "device_pool: `device` must be None, an int"),
+    "device_pool(-1)": (lambda: memory.device_pool(-1), ValueError, "device_pool: `device` must be >= 0, got -1"),
+    "device_pool('cpu')": (lambda: memory.device_pool("cpu"), ValueError, "`device` must be a CUDA device, got cpu"),
+    "device_pool('gpu7')": (lambda: memory.device_pool("gpu7"), ValueError, "device_pool: `device` 'gpu7' is not a"),
+    "stats([0])": (lambda: memory.stats([0]), TypeError, "torchext.memory.stats: `device` must be None, an int"),
+    "reset_peak_stats(1.5)": (lambda: memory.reset_peak_stats(1.5), TypeError, "reset_peak_stats: `device` must be"),
+    "empty_cache(cpu)": (
+        lambda: memory.empty_cache(torch.device("cpu")), ValueError, "empty_cache: `device` must be a CUDA device"
+    ),
+    "pool_scope(1.5)": (lambda: _enter(memory.pool_scope(1.5)), TypeError, "pool_scope: `device` must be None"),
+    "enable_pool(1)": (lambda: memory.enable_pool(1), TypeError, "enable_pool: `kind` must be a str, got int 1"),
+    "enable_pool('buddy')": (
+        lambda: memory.enable_pool("buddy"), ValueError, r"enable_pool: `kind` must be one of \('best_fit', 'pow2'\)"
+    ),
+    "load_trace(None)": (lambda: memory.load_trace(None), TypeError, "load_trace: `path` must be a str or a path"),
+    "replay_trace(allocate=None)": (
+        lambda: memory.replay_trace([], None, print), TypeError, "replay_trace: `allocate` must be callable, got None"
+    ),
+    "replay_trace(free=1)": (
+        lambda: memory.replay_trace([], print, 1), TypeError, "replay_trace: `free` must be callable, got int 1"
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BAD_ARGUMENTS)
+def test_bad_argument_raises_a_clear_error(case):
+    call, exception, words = BAD_ARGUMENTS[case]
+    with pytest.raises(exception, match=words):
+        call()
+
+
+def test_free_of_zero_is_a_no_op_and_of_none_a_type_error():
+    """The rule of Pool.free's docstring: 0 is the address of a 0-byte allocation, so free(allocate(0)) does nothing;
+    None is never an address."""
+    pool = Pool("best_fit")
+    a = pool.allocate(100)
+    before = pool.stats()
+    pool.free(pool.allocate(0))
+    assert pool.stats() == before, "free(allocate(0)) must not change any statistic"
+    with pytest.raises(TypeError, match="`address` must be an int"):
+        pool.free(None)
+    assert pool.stats() == before, "a rejected free(None) must not change any statistic"
+    pool.free(a)
 
 
 @pytest.mark.skipif(_loader.built_with_cuda(), reason="checks the CPU-only build")
@@ -940,6 +1226,33 @@ def test_oom_raises_with_the_pool_statistics_and_the_pool_keeps_working(kind):
     check_pattern(held, pool.block_size(held), b"\xa5" * EDGE, "block held across an OOM")
     pool.free(held)
     check_everything_free(pool, "after OOM")
+
+
+def test_last_error_is_the_calling_threads():
+    """Each thread reads the reason of its own last failed allocation, not that of another thread failing since (as
+    cudaGetLastError is per thread); a thread that never failed reads ""."""
+    pool = Pool("best_fit", capacity=16 * MiB)
+    seen = {}
+
+    def in_thread(name: str, size: int) -> None:
+        def run() -> None:
+            try:
+                pool.allocate(size)
+            except torch.OutOfMemoryError as e:
+                seen[name + " raised"] = str(e)
+            seen[name] = pool.last_error()
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+
+    with pytest.raises(torch.OutOfMemoryError):
+        pool.allocate(40 * MiB)  # this thread first
+    in_thread("other", 24 * MiB)  # then another thread
+    in_thread("never failed", 0)
+    assert "tried to allocate 24.00 MiB" in seen["other"] and seen["other"] in seen["other raised"], f"[other] {seen}"
+    assert "tried to allocate 40.00 MiB" in pool.last_error(), f"[this thread] last_error: {pool.last_error()}"
+    assert seen["never failed"] == "", f"[a thread that never failed] last_error: {seen['never failed']!r}"
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -1032,8 +1345,6 @@ def test_oom_message_never_shows_negative_sizes(kind):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the errors on a machine without a GPU")
 def test_device_pool_api_needs_a_gpu():
-    import torchext.memory as memory
-
     with pytest.raises(RuntimeError, match=r"torchext\.memory\.enable_pool needs a"):
         memory.enable_pool()
     with pytest.raises(RuntimeError, match=r"torchext\.memory\.device_pool needs a"):
@@ -1041,8 +1352,10 @@ def test_device_pool_api_needs_a_gpu():
     with pytest.raises(RuntimeError, match=r"torchext\.memory\.pool_scope needs a"):
         with memory.pool_scope():
             pass
-    with pytest.raises(RuntimeError, match=r"torchext\.memory\.device_pool needs a"):
+    with pytest.raises(RuntimeError, match=r"torchext\.memory\.stats needs a"):
         memory.stats()
+    with pytest.raises(RuntimeError, match=r"torchext\.memory\.empty_cache needs a"):
+        memory.empty_cache(0)
     with pytest.raises(ValueError, match="kind"):
         memory.enable_pool("buddy")
     assert memory.enabled_kind() is None and not memory.is_enabled(), "no pool should be enabled"
@@ -1052,9 +1365,7 @@ def test_device_pool_api_needs_a_gpu():
 # The recorded ResNet-18 training steps (benchmarks/results/resnet18_alloc_trace.json.gz), replayed on the host
 
 
-TRACE = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "results", "resnet18_alloc_trace.json.gz"
-)
+TRACE = os.path.join(ROOT, "benchmarks", "results", "resnet18_alloc_trace.json.gz")
 
 
 @pytest.mark.skipif(not os.path.exists(TRACE), reason="no recorded trace")

@@ -335,7 +335,8 @@ def test_standalone_cuda_pool_and_device_guard():
 
 @pytest.fixture(scope="module")
 def stress_binary(tmp_path_factory):
-    """tests/pool_stress.cu compiled with nvcc (cuda_ops' pool sources only, no torch)."""
+    """tests/pool_stress.cu's GPU build, with nvcc (cuda_ops' pool sources only, no torch). Its host build runs under
+    ThreadSanitizer in tests/test_pool_tsan.py."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc not found")
@@ -358,15 +359,27 @@ def stress_binary(tmp_path_factory):
     return str(out)
 
 
+def run_stress(binary: str, *args: str) -> dict:
+    """pool_stress.cu's JSON line, after checking that it ran cleanly."""
+    proc = subprocess.run([binary, *args], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["failures"] == 0 and r["reserved_after_empty_cache"] == 0, r
+    assert r["verified_blocks"] > 0, r
+    return r
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["best_fit", "pow2"])
 def test_stress(stress_binary, kind):
     """4 threads x 4 streams x 10^6 random allocations each, 1 byte to 256 MiB (pool_stress.cu)."""
     iterations = os.environ.get("TORCHEXT_STRESS_ITERATIONS", "1000000")
-    proc = subprocess.run(
-        [stress_binary, kind, "4", "4", iterations, str(256 << 20)], capture_output=True, text=True, timeout=900
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert r["failures"] == 0 and r["reserved_after_empty_cache"] == 0, r
-    assert r["verified_blocks"] > 0
+    run_stress(stress_binary, kind, "4", "4", iterations, str(256 << 20))
+
+
+@pytest.mark.parametrize("kind", ["best_fit", "pow2"])
+def test_stress_every_method(stress_binary, kind):
+    """4 threads x 4 streams, 20000 allocations each up to 64 MiB, and 10% of the calls to every other public method
+    of the pool (record_stream, block_size, stats, snapshot, empty_cache, reset_peak_stats, last_error, kind)."""
+    r = run_stress(stress_binary, kind, "4", "4", "20000", str(64 << 20), "100")
+    assert r["calls"] and all(r["calls"].values()), f"methods never called: {r['calls']}"

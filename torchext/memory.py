@@ -30,6 +30,8 @@ import dataclasses
 import functools
 import gzip
 import json
+import numbers
+import os
 
 import torch
 
@@ -76,16 +78,42 @@ def _convert_stats(raw) -> dict:
     return {k: float(v) if k == "fragmentation" else int(v) for k, v in raw.items()}
 
 
-def _stream_id(stream) -> int:
+def _describe(value) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def _int_arg(value, name: str, where: str, minimum: int = 0) -> int:
+    """`value` as an int the C++ side takes (a signed 64-bit integer), or an error naming the argument: TypeError for
+    anything but an integer (bool, float, str and None included), ValueError below `minimum`, OverflowError at 2**63
+    and above."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"torchext.memory.{where}: `{name}` must be an int, got {_describe(value)}")
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"torchext.memory.{where}: `{name}` must be >= {minimum}, got {value}")
+    if value >= 1 << 63:
+        raise OverflowError(f"torchext.memory.{where}: `{name}` must be less than 2**63, got {value}")
+    return value
+
+
+def _str_arg(value, name: str, where: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"torchext.memory.{where}: `{name}` must be a str, got {_describe(value)}")
+    return value
+
+
+def _stream_id(stream, where: str) -> int:
+    """A stream argument as the integer the pool takes: None is the default stream (0)."""
     if stream is None:
         return 0
-    if isinstance(stream, int):
-        return stream
     if isinstance(stream, torch.cuda.Stream):
         return stream.cuda_stream
-    raise TypeError(
-        f"torchext.memory: `stream` must be None, an int or a torch.cuda.Stream, got {type(stream).__name__}"
-    )
+    if isinstance(stream, bool) or not isinstance(stream, numbers.Integral):
+        raise TypeError(
+            f"torchext.memory.{where}: `stream` must be None, an int or a torch.cuda.Stream, got {_describe(stream)}"
+        )
+    return _int_arg(stream, "stream", where)
 
 
 class Pool:
@@ -99,11 +127,20 @@ class Pool:
             make it run out of memory like a GPU).
 
     Addresses are integers; streams are ``torch.cuda.Stream`` objects or raw ``cudaStream_t`` integers (any
-    integer id on the host backend; 0 is the default stream).
+    integer id from 0 to 2**63 - 1 on the host backend; None and 0 are the default stream).
+
+    Every method is thread-safe and runs without the GIL, so threads can share a pool. Arguments of the wrong type
+    (bool, float, str or None where an int is expected) raise TypeError, negative sizes, capacities and addresses
+    ValueError, values of 2**63 and above OverflowError; each message names the argument.
     """
 
     def __init__(self, kind: str = "best_fit", backend: str = "host", device: int = 0, capacity: int = 0):
-        self._pool = torch.classes.torchext.Pool(kind, backend, int(device), int(capacity))
+        self._pool = torch.classes.torchext.Pool(
+            _str_arg(kind, "kind", "Pool"),
+            _str_arg(backend, "backend", "Pool"),
+            _int_arg(device, "device", "Pool"),
+            _int_arg(capacity, "capacity", "Pool"),
+        )
 
     @classmethod
     def _wrap(cls, obj) -> Pool:
@@ -120,18 +157,26 @@ class Pool:
         return self._pool.backend()
 
     def allocate(self, size: int, stream=None) -> int:
-        """Address of ``size`` bytes ordered on ``stream`` (0 for 0 bytes). Raises torch.OutOfMemoryError."""
-        return self._pool.allocate(int(size), _stream_id(stream))
+        """Address of ``size`` bytes ordered on ``stream`` (0 for 0 bytes). Raises torch.OutOfMemoryError when the
+        device has not that much memory."""
+        return self._pool.allocate(_int_arg(size, "size", "Pool.allocate"), _stream_id(stream, "Pool.allocate"))
 
     def free(self, address: int) -> None:
-        self._pool.free(int(address))
+        """Gives back the block at ``address``, an int that :meth:`allocate` returned. ``free(0)`` does nothing: 0 is
+        the address of a 0-byte allocation, so ``free(allocate(n))`` is right for every n, as ``free(NULL)`` is in
+        C. ``free(None)`` raises TypeError like any other argument that is not an int (None is never an address
+        here), and an address this pool did not hand out, or already took back, raises ValueError."""
+        self._pool.free(_int_arg(address, "address", "Pool.free"))
 
     def record_stream(self, address: int, stream) -> None:
-        self._pool.record_stream(int(address), _stream_id(stream))
+        """The block at ``address`` is also used on ``stream``: once freed, it is reused only after the work queued
+        there up to the free has finished (on the host backend: after :meth:`complete_events`)."""
+        where = "Pool.record_stream"
+        self._pool.record_stream(_int_arg(address, "address", where), _stream_id(stream, where))
 
     def block_size(self, address: int) -> int:
         """Size of the block handed out at ``address`` (0 if the pool did not hand it out)."""
-        return self._pool.block_size(int(address))
+        return self._pool.block_size(_int_arg(address, "address", "Pool.block_size"))
 
     def stats(self) -> dict:
         return _convert_stats(self._pool.stats())
@@ -161,7 +206,15 @@ class Pool:
 
     def time_alloc_free(self, sizes: list[int], live: int = 0, rounds: int = 100, stream=None) -> float:
         """Nanoseconds per allocate+free pair in a C++ loop over ``sizes``, keeping the last ``live`` alive."""
-        return self._pool.time_alloc_free([int(s) for s in sizes], int(live), int(rounds), _stream_id(stream))
+        where = "Pool.time_alloc_free"
+        if not isinstance(sizes, (list, tuple)):
+            raise TypeError(f"torchext.memory.{where}: `sizes` must be a list of ints, got {_describe(sizes)}")
+        return self._pool.time_alloc_free(
+            [_int_arg(s, f"sizes[{i}]", where) for i, s in enumerate(sizes)],
+            _int_arg(live, "live", where),
+            _int_arg(rounds, "rounds", where, minimum=1),
+            _stream_id(stream, where),
+        )
 
     # Host backend only.
     def complete_events(self) -> None:
@@ -169,7 +222,8 @@ class Pool:
         self._pool.complete_events()
 
     def set_capacity(self, capacity: int) -> None:
-        self._pool.set_capacity(int(capacity))
+        """Host backend: the simulated device's memory in bytes from now on (0: unlimited)."""
+        self._pool.set_capacity(_int_arg(capacity, "capacity", "Pool.set_capacity"))
 
     def waits(self) -> list[tuple[int, int]]:
         """Host backend: the cross-stream waits issued so far, as (waiting stream, stream waited for)."""
@@ -184,19 +238,39 @@ def _require_cuda(what: str) -> None:
         raise RuntimeError(f"torchext.memory.{what} needs a CUDA device; none is available")
 
 
-def _device_index(device: None | int | str | torch.device) -> int:
+def _check_device(device, where: str) -> None | int:
+    """The index of a `device` argument (None: the current device), checked before anything needs CUDA: TypeError
+    for a type that names no device, ValueError for a device that is not a CUDA one."""
     if device is None:
-        return torch.cuda.current_device()
-    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-    if device.type != "cuda":
-        raise ValueError(f"torchext.memory: `device` must be a CUDA device, got {device}")
-    return device.index if device.index is not None else torch.cuda.current_device()
+        return None
+    if isinstance(device, (str, torch.device)):
+        try:
+            parsed = torch.device(device)
+        except RuntimeError as e:
+            raise ValueError(f"torchext.memory.{where}: `device` {device!r} is not a device: {e}") from None
+        if parsed.type != "cuda":
+            raise ValueError(f"torchext.memory.{where}: `device` must be a CUDA device, got {parsed}")
+        return parsed.index
+    if isinstance(device, bool) or not isinstance(device, numbers.Integral):
+        raise TypeError(
+            f"torchext.memory.{where}: `device` must be None, an int, a str or a torch.device, got {_describe(device)}"
+        )
+    return _int_arg(device, "device", where)
+
+
+def _device_index(device, where: str) -> int:
+    index = _check_device(device, where)
+    _require_cuda(where)
+    return torch.cuda.current_device() if index is None else index
+
+
+def _device_pool(device, where: str) -> Pool:
+    return Pool._wrap(torch.classes.torchext.Pool.device_pool(_device_index(device, where)))
 
 
 def device_pool(device=None) -> Pool:
     """The process-wide pool of a CUDA device (the one enable_pool() and pool_scope() allocate from)."""
-    _require_cuda("device_pool")
-    return Pool._wrap(torch.classes.torchext.Pool.device_pool(_device_index(device)))
+    return _device_pool(device, "device_pool")
 
 
 def enabled_kind() -> str | None:
@@ -214,7 +288,7 @@ def enable_pool(kind: str = "best_fit") -> None:
     Must run before anything touches CUDA: PyTorch cannot switch allocators once its own holds memory. Calling it
     again with the same kind does nothing. To compare allocators, run each in its own process.
     """
-    if kind not in KINDS:
+    if _str_arg(kind, "kind", "enable_pool") not in KINDS:
         raise ValueError(f"torchext.memory.enable_pool: `kind` must be one of {KINDS}, got {kind!r}")
     if enabled_kind() == kind:
         return
@@ -252,6 +326,7 @@ def pool_scope(device=None):
     caching allocator still splits those segments into tensors, and its own allocations outside the block are
     untouched. Yields the MemPool: keep it alive as long as tensors made in the block are.
     """
+    _check_device(device, "pool_scope")
     _require_cuda("pool_scope")
     if not hasattr(torch.cuda, "MemPool"):
         raise RuntimeError(
@@ -268,16 +343,18 @@ def stats(device=None) -> dict:
     active blocks, allocations, cache hits, segments, device allocations and frees (``cudaMalloc``/``cudaFree``
     calls), cross-stream reuses, bytes waiting on other streams, the largest free block, free bytes, the
     fragmentation figure (1 - largest free block / free bytes), out-of-memory retries and failures."""
-    return device_pool(device).stats()
+    return _device_pool(device, "stats").stats()
 
 
 def reset_peak_stats(device=None) -> None:
-    device_pool(device).reset_peak_stats()
+    _device_pool(device, "reset_peak_stats").reset_peak_stats()
 
 
 def load_trace(path: str) -> dict:
     """A recorded allocation trace (gzipped JSON with an "events" list of (op, id, size), op "a" or "f"), as
     benchmarks/bench_memory.py records it from PyTorch's allocator history."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"torchext.memory.load_trace: `path` must be a str or a path, got {_describe(path)}")
     with gzip.open(path, "rt") as f:
         return json.load(f)
 
@@ -285,6 +362,9 @@ def load_trace(path: str) -> dict:
 def replay_trace(events, allocate, free) -> int:
     """Replays (op, id, size) events through ``allocate(size) -> handle`` and ``free(handle)``, then frees what the
     trace left allocated; returns the peak of requested bytes (the same for every allocator)."""
+    for name, fn in (("allocate", allocate), ("free", free)):
+        if not callable(fn):
+            raise TypeError(f"torchext.memory.replay_trace: `{name}` must be callable, got {_describe(fn)}")
     live, current, peak = {}, 0, 0
     for op, ident, size in events:
         if op == "a":
@@ -302,4 +382,4 @@ def replay_trace(events, allocate, free) -> int:
 
 def empty_cache(device=None) -> int:
     """Gives the pool's unused segments on ``device`` back to the driver; returns the bytes released."""
-    return device_pool(device).empty_cache()
+    return _device_pool(device, "empty_cache").empty_cache()
