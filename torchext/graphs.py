@@ -52,9 +52,11 @@ class GraphedTrainStep:
         autocast_dtype: torch.dtype | None = None,
         warmup: int = 3,
     ):
-        for name, t in (("example_input", example_input), ("example_target", example_target)):
+        examples = (("example_input", example_input), ("example_target", example_target))
+        for name, t in examples:
             if not isinstance(t, Tensor):
                 raise TypeError(f"GraphedTrainStep: `{name}` must be a tensor, got {type(t).__name__}")
+        for name, t in examples:
             if t.device.type != "cuda":
                 raise ValueError(f"GraphedTrainStep: `{name}` must be a CUDA tensor, got one on {t.device}")
         if autocast_dtype == torch.float16:
