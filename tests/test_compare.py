@@ -12,6 +12,7 @@ import time
 
 import pytest
 import torch
+from conftest import gpu
 from torch import nn
 
 import torchext
@@ -315,6 +316,8 @@ def test_cli_parsing_and_argv_round_trip():
         cfg,
         CompareConfig(),
         CompareConfig(model="resnet18_cifar", nesterov=False, allocator="pool", child=True),
+        CompareConfig(model="cnn_cifar", cuda_graphs=True),
+        CompareConfig(model="cnn_cifar", compile_mode="max-autotune-no-cudagraphs"),
     ):
         back = compare.config_from_args(compare.build_parser().parse_args(c.to_argv()))
         assert back == c, f"[to_argv] {c.to_argv()}"
@@ -346,6 +349,16 @@ def test_help_documents_recipes(capsys):
         (["--model", "mlp", "--device", "cpu", "--epochs", "0"], "--epochs must be >= 1"),
         (["--model", "mlp", "--device", "tpu"], "--device"),
         (["--model", "mlp", "--device", "cpu", "--data", "/nonexistent/cifar"], "--data /nonexistent/cifar: CIFAR"),
+        (["--compile-mode", "fast"], "invalid choice: 'fast'"),
+        (["--model", "mlp", "--device", "cpu", "--cuda-graphs"], "--cuda-graphs needs one CUDA device"),
+        (
+            ["--model", "mlp", "--device", "cpu", "--cuda-graphs", "--compile"],
+            "with torch.compile use --compile-mode reduce-overhead",
+        ),
+        (
+            ["--model", "mlp", "--device", "cpu", "--cuda-graphs", "--amp", "fp16"],
+            "--cuda-graphs does not take --amp fp16",
+        ),
     ],
 )
 def test_bad_arguments(argv, message, capsys):
@@ -474,3 +487,18 @@ def test_torchrun_two_gpus_nccl(tmp_path):
         assert m["peak_allocated_bytes"] > 0
     assert results["gpu_time_share"]["share"] > 0, results["gpu_time_share"]
     assert results["stock_gpu_time"]["share"] == 0, "stock runs no torchext kernel"
+
+
+@gpu
+@pytest.mark.parametrize("model", ["cnn_cifar", "resnet18_cifar"])
+def test_cuda_graphs_run(tmp_path, model):
+    """--cuda-graphs trains both models from their graphs (one capture each) and learns: the loss goes down, and the
+    summary says how the step ran."""
+    results = compare.run(
+        tiny(tmp_path, model=model, device="cuda", cuda_graphs=True, epochs=2, seeds=(0,), synthetic_train=512,
+             batch_size=64, profile_steps=2)
+    )  # fmt: skip
+    for name in ("stock", "torchext"):
+        epochs = results["seeds"][0]["models"][name]["epochs"]
+        assert epochs[-1]["train_loss"] < epochs[0]["train_loss"], f"[{name}] the training loss did not go down"
+    assert ", CUDA graphs" in (tmp_path / "out" / "summary.md").read_text()

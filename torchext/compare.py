@@ -144,6 +144,7 @@ SCHEDULES = ("onecycle", "cosine", "constant")
 AMP_MODES = ("bf16", "fp16", "none")
 ALLOCATORS = ("default", "pool")
 VAL_FROM = ("auto", "test", "train")
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
 ONECYCLE_WARMUP = 0.25  # share of the steps spent rising to the peak learning rate
 
 
@@ -163,6 +164,11 @@ class CompareConfig:
     amp ('bf16' | 'fp16' | 'none'), channels_last: recipe values.
     seeds:            one comparison per seed (initial weights, data order, augmentation, dropout).
     compile:          ``torch.compile`` both models.
+    compile_mode:     torch.compile's ``mode`` (``COMPILE_MODES``); setting it implies ``compile``.
+    cuda_graphs:      capture each model's whole training step (forward, loss, backward, optimizer step) into one
+                      CUDA graph at its first batch and replay it (``torchext.graphs.GraphedTrainStep``; CUDA only).
+                      Both models then use SGD with ``fused=True`` or Adam with ``capturable=True``, and a tensor
+                      learning rate.
     allocator:        'default' (PyTorch's caching allocator) or 'pool' (torchext.memory's, in a child process).
     data:             a CIFAR-10 path for ``torchext.data.load_cifar10``, None for its default location, or
                       'synthetic' (``synthetic_cifar10(synthetic_train, synthetic_val)``, for CI and smoke tests).
@@ -194,6 +200,8 @@ class CompareConfig:
     channels_last: bool | None = None
     seeds: tuple[int, ...] = (0, 1, 2)
     compile: bool = False
+    compile_mode: str | None = None
+    cuda_graphs: bool = False
     allocator: str = "default"
     data: str | None = None
     download: bool = False
@@ -282,6 +290,17 @@ class CompareConfig:
                 raise CompareError(message)
         if self.optimizer == "sgd" and self.nesterov and not self.momentum:
             raise CompareError("--nesterov needs a nonzero --momentum")
+        if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
+            raise CompareError(f"--compile-mode must be one of {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}")
+        if self.cuda_graphs and (self.compile or self.compile_mode is not None):
+            raise CompareError(
+                "--cuda-graphs captures the eager step; with torch.compile use --compile-mode reduce-overhead instead"
+            )
+        if self.cuda_graphs and self.amp == "fp16":
+            raise CompareError(
+                "--cuda-graphs does not take --amp fp16: its GradScaler reads values on the host, which a CUDA graph "
+                "cannot capture; use --amp bf16 or none"
+            )
         _check_seeds(self.seeds)
 
     def as_dict(self) -> dict[str, Any]:
@@ -301,7 +320,7 @@ class CompareConfig:
             if name in _BOOL_OPTIONAL:
                 if value is not None and (name in RECIPE_FIELDS or value != getattr(defaults, name)):
                     argv.append(flag if value else "--no-" + flag[2:])
-            elif name in ("compile", "download", "quiet"):
+            elif name in ("compile", "cuda_graphs", "download", "quiet"):
                 if value:
                     argv.append(flag)
             elif name == "seeds":
@@ -392,6 +411,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=_seeds_arg, default=d.seeds, help="comma-separated seeds (default: 0,1,2)")
     p.add_argument("--compile", action="store_true", help="torch.compile both models")
     p.add_argument(
+        "--compile-mode",
+        choices=COMPILE_MODES,
+        help="torch.compile's mode for both models (implies --compile; default: torch's default mode)",
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="capture each model's whole training step into a CUDA graph and replay it (CUDA only; SGD fused or "
+        "Adam capturable, tensor lr)",
+    )
+    p.add_argument(
         "--allocator",
         choices=ALLOCATORS,
         default=d.allocator,
@@ -469,6 +499,7 @@ class _Contender:
     optimizer: torch.optim.Optimizer
     scheduler: Any | None
     scaler: Any
+    graphed: Any | None = None  # the GraphedTrainStep of --cuda-graphs, captured at the first training batch
     epochs: list = field(default_factory=list)
     confusion: list | None = None
 
@@ -575,6 +606,16 @@ def _train_step(c: _Contender, model: nn.Module, xb, yb, device, amp) -> torch.T
     return loss.detach()
 
 
+def _graphed_step(c: _Contender, xb, yb, cfg: CompareConfig) -> torch.Tensor:
+    """--cuda-graphs: the step replayed from c's graph, captured at its first batch (its warm-up steps undone)."""
+    if c.graphed is None:
+        from .graphs import GraphedTrainStep
+
+        amp_dtype = torch.bfloat16 if cfg.amp == "bf16" else None
+        c.graphed = GraphedTrainStep(c.train_model, c.criterion, c.optimizer, xb, yb, autocast_dtype=amp_dtype)
+    return c.graphed(xb, yb)
+
+
 def _train_shard(t: torch.Tensor, dist: _Dist) -> torch.Tensor:
     if dist.world <= 1:
         return t
@@ -603,7 +644,10 @@ def _train_epoch(c: _Contender, loader, epoch: int, seed: int, cfg: CompareConfi
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     for xb, yb in _progress(loader, desc, bars, len(loader)):
-        loss = _train_step(c, c.train_model, _train_shard(xb, dist), _train_shard(yb, dist), device, cfg.amp)
+        if cfg.cuda_graphs:
+            loss = _graphed_step(c, xb, yb, cfg)
+        else:
+            loss = _train_step(c, c.train_model, _train_shard(xb, dist), _train_shard(yb, dist), device, cfg.amp)
         if c.scheduler is not None:
             c.scheduler.step()
         loss_sum += loss.float()
@@ -670,12 +714,22 @@ def _evaluate(c: _Contender, loader, num_classes: int, cfg: CompareConfig, devic
 
 
 def _make_contender(name, net, criterion, cfg: CompareConfig, device, dist: _Dist, steps_per_epoch: int):
+    # A captured step reads the learning rate from a tensor the scheduler updates, through optimizers that do not
+    # synchronize the host (torchext/graphs.py).
+    lr = torch.tensor(cfg.lr, device=device) if cfg.cuda_graphs else cfg.lr
     if cfg.optimizer == "sgd":
         optimizer = torch.optim.SGD(
-            net.parameters(), lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay
+            net.parameters(),
+            lr=lr,
+            momentum=cfg.momentum,
+            nesterov=cfg.nesterov,
+            weight_decay=cfg.weight_decay,
+            **({"fused": True} if cfg.cuda_graphs else {}),
         )
     else:
-        optimizer = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        optimizer = torch.optim.Adam(
+            net.parameters(), lr=lr, weight_decay=cfg.weight_decay, **({"capturable": True} if cfg.cuda_graphs else {})
+        )
     total = cfg.epochs * steps_per_epoch
     if cfg.schedule == "onecycle":
         scheduler = torch.optim.lr_scheduler.OneCycleLR(
@@ -691,8 +745,10 @@ def _make_contender(name, net, criterion, cfg: CompareConfig, device, dist: _Dis
         from torch.nn.parallel import DistributedDataParallel
 
         train_model = DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
-    if cfg.compile:
-        train_model = torch.compile(train_model)
+    if cfg.compile or cfg.compile_mode is not None:
+        train_model = torch.compile(
+            train_model, mode=None if cfg.compile_mode in (None, "default") else cfg.compile_mode
+        )
     return _Contender(name, net, train_model, criterion.to(device), optimizer, scheduler, scaler)
 
 
@@ -827,6 +883,11 @@ def run(config: CompareConfig) -> dict:
 
         memory.enable_pool()  # before anything initializes CUDA
     device = _resolve_device(device, dist)
+    if cfg.cuda_graphs and (device.type != "cuda" or dist.world > 1):
+        raise CompareError(
+            "--cuda-graphs needs one CUDA device: it captures the training step into a CUDA graph "
+            f"(device is {device}, {dist.world} process(es)); leave it out on the CPU and under torchrun"
+        )
     if device.type == "cpu" and cfg.amp != "none":
         if config.amp is not None:
             raise CompareError(
@@ -1056,7 +1117,10 @@ def _run_seed(
                 c.net.train()
 
                 def step(c=c, model=model):
-                    _train_step(c, model, xb, yb, device, cfg.amp)
+                    if c.graphed is not None:
+                        c.graphed(xb, yb)
+                    else:
+                        _train_step(c, model, xb, yb, device, cfg.amp)
 
                 results[key] = _gpu_time_share(step, cfg.profile_steps, device)
         if dist.world > 1:
@@ -1153,6 +1217,15 @@ def summarize(results: dict) -> dict:
         "summary_seeds": [s["seed"] for s in seeds],
         "gpu_busy": gpu_busy(results) if results["seeds"] else None,
     }
+
+
+def _compiled_text(cfg: dict) -> str:
+    """', compiled', ', compiled (mode)' or ', CUDA graphs' for the summary's recipe line ('' for eager)."""
+    if cfg.get("compile_mode"):
+        return f", compiled ({cfg['compile_mode']})"
+    if cfg.get("compile"):
+        return ", compiled"
+    return ", CUDA graphs" if cfg.get("cuda_graphs") else ""
 
 
 def _pm(s: dict | None, scale: float = 1.0, digits: int = 2, suffix: str = "") -> str:
@@ -1255,7 +1328,7 @@ def render_summary(results: dict) -> str:
         "",
         f"{cfg['epochs']} epochs, batch {cfg['batch_size']}, {cfg['optimizer']} lr {cfg['lr']:g} ({cfg['schedule']}), "
         f"weight decay {cfg['weight_decay']:g}, label smoothing {cfg['label_smoothing']:g}, amp {cfg['amp']}, "
-        f"{'channels-last' if cfg['channels_last'] else 'contiguous'}{', compiled' if cfg['compile'] else ''}, "
+        f"{'channels-last' if cfg['channels_last'] else 'contiguous'}{_compiled_text(cfg)}, "
         f"allocator {cfg['allocator']}; seeds {', '.join(str(x) for x in cfg['seeds'])}.",
         f"Data: {data['train_images']} training images from {data['source']}; **validation set: "
         f"{data['val_source']}** ({data['val_images']} images).",
@@ -1288,7 +1361,8 @@ def render_summary(results: dict) -> str:
         on_cuda = str(env["device"]).startswith("cuda")
         warmup = " and ".join(
             (["the cudnn benchmark"] if on_cuda else ["first-call allocations"])
-            + (["torch.compile"] if cfg["compile"] else [])
+            + (["torch.compile"] if cfg["compile"] or cfg.get("compile_mode") else [])
+            + (["CUDA-graph capture"] if cfg.get("cuda_graphs") else [])
         )
         lines.append(
             f"Speed figures leave out epoch 1, which includes {warmup} warm-up: they cover {timed}. Epoch "
