@@ -134,7 +134,7 @@ def main(argv=None):
                 for dt in dtypes:
                     b.elementwise(name, fns, (n // width, width), dt)
     if "cross_entropy" in ops:
-        shapes = [(65536, 10), (1048576, 10), (8192, 32768)] if gpu else [(65536, 10), (256, 4096)]
+        shapes = [(512, 10), (65536, 10), (1048576, 10), (8192, 32768)] if gpu else [(65536, 10), (256, 4096)]
         for shape in shapes:
             for dt in dtypes:
                 b.loss(
