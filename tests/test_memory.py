@@ -438,10 +438,14 @@ def test_pool_methods_run_without_the_gil():
     threads of the test below really call into the pool at the same time."""
     pool = Pool("best_fit")
     duration = []
+    # Rounds for a call of about half a second on this machine (a fixed count took 0.08 s on an idle one).
+    t0 = time.perf_counter()
+    pool.time_alloc_free([512, 4096, 3 * MiB], live=2, rounds=20_000)
+    rounds = max(20_000, int(20_000 * 0.5 / max(time.perf_counter() - t0, 1e-6)))
 
     def long_call() -> None:
         t0 = time.perf_counter()
-        pool.time_alloc_free([512, 4096, 3 * MiB], live=2, rounds=200_000)
+        pool.time_alloc_free([512, 4096, 3 * MiB], live=2, rounds=rounds)
         duration.append(time.perf_counter() - t0)
 
     thread = threading.Thread(target=long_call)
