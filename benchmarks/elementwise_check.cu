@@ -21,13 +21,13 @@
 
 using namespace torchext::cuda_ops;
 
-#define CK(x)                                                                               \
-  do {                                                                                      \
-    cudaError_t e = (x);                                                                    \
-    if (e != cudaSuccess) {                                                                 \
+#define CK(x)                                                                                \
+  do {                                                                                       \
+    cudaError_t e = (x);                                                                     \
+    if (e != cudaSuccess) {                                                                  \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      std::exit(1);                                                                         \
-    }                                                                                       \
+      std::exit(1);                                                                          \
+    }                                                                                        \
   } while (0)
 
 template <typename V, bool CS>
@@ -64,57 +64,18 @@ struct Carrier<__nv_bfloat16> {
   using type = uint4;
 };
 
-template <typename T, int THREADS, int ILP, bool CS, bool BINARY>
-__global__ void __launch_bounds__(THREADS)
-    gridstride_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ z, int64_t n) {
+// One pass of both schemes: ILP vectors first, first + step, ... (those below nvec) loaded, then op applied and
+// stored.
+template <typename T, int ILP, bool CS, bool BINARY>
+__device__ __forceinline__ void ilp_pass(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ z,
+                                         int64_t nvec, int64_t first, int64_t step) {
   using C = typename Carrier<T>::type;
   constexpr int VEC = 16 / sizeof(T);
-  const int64_t nvec = n / VEC;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * THREADS;
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * THREADS + threadIdx.x;
-  Relu op;
-  for (int64_t base = tid; base < nvec; base += stride * ILP) {
-    C va[ILP], vb[ILP];
-#pragma unroll
-    for (int j = 0; j < ILP; ++j) {
-      const int64_t i = base + j * stride;
-      if (i < nvec) {
-        va[j] = load<C, CS>(reinterpret_cast<const C*>(a) + i);
-        if constexpr (BINARY) vb[j] = load<C, CS>(reinterpret_cast<const C*>(b) + i);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < ILP; ++j) {
-      const int64_t i = base + j * stride;
-      if (i < nvec) {
-        C out;
-        const T* pa = reinterpret_cast<const T*>(&va[j]);
-        const T* pb = reinterpret_cast<const T*>(&vb[j]);
-        T* po = reinterpret_cast<T*>(&out);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          po[k] = static_cast<T>(BINARY ? op(static_cast<float>(pa[k]), static_cast<float>(pb[k]))
-                                        : op(static_cast<float>(pa[k])));
-        }
-        store<C, CS>(reinterpret_cast<C*>(z) + i, out);
-      }
-    }
-  }
-}
-
-// One block per THREADS * ILP vectors; thread t of the block handles vectors t, t + THREADS, ... (coalesced).
-template <typename T, int THREADS, int ILP, bool CS, bool BINARY>
-__global__ void __launch_bounds__(THREADS)
-    chunk_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ z, int64_t n) {
-  using C = typename Carrier<T>::type;
-  constexpr int VEC = 16 / sizeof(T);
-  const int64_t nvec = n / VEC;
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * THREADS * ILP + threadIdx.x;
   Relu op;
   C va[ILP], vb[ILP];
 #pragma unroll
   for (int j = 0; j < ILP; ++j) {
-    const int64_t i = base + j * THREADS;
+    const int64_t i = first + j * step;
     if (i < nvec) {
       va[j] = load<C, CS>(reinterpret_cast<const C*>(a) + i);
       if constexpr (BINARY) vb[j] = load<C, CS>(reinterpret_cast<const C*>(b) + i);
@@ -122,7 +83,7 @@ __global__ void __launch_bounds__(THREADS)
   }
 #pragma unroll
   for (int j = 0; j < ILP; ++j) {
-    const int64_t i = base + j * THREADS;
+    const int64_t i = first + j * step;
     if (i < nvec) {
       C out;
       const T* pa = reinterpret_cast<const T*>(&va[j]);
@@ -136,6 +97,25 @@ __global__ void __launch_bounds__(THREADS)
       store<C, CS>(reinterpret_cast<C*>(z) + i, out);
     }
   }
+}
+
+// A resident grid walking the array: thread tid handles vectors tid, tid + stride, ... ILP at a time.
+template <typename T, int THREADS, int ILP, bool CS, bool BINARY>
+__global__ void __launch_bounds__(THREADS)
+    gridstride_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ z, int64_t n) {
+  const int64_t nvec = n / (16 / sizeof(T));
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * THREADS;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * THREADS + threadIdx.x;
+  for (int64_t base = tid; base < nvec; base += stride * ILP) ilp_pass<T, ILP, CS, BINARY>(a, b, z, nvec, base, stride);
+}
+
+// One block per THREADS * ILP vectors; thread t of the block handles vectors t, t + THREADS, ... (coalesced).
+template <typename T, int THREADS, int ILP, bool CS, bool BINARY>
+__global__ void __launch_bounds__(THREADS)
+    chunk_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ z, int64_t n) {
+  const int64_t nvec = n / (16 / sizeof(T));
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * THREADS * ILP + threadIdx.x;
+  ilp_pass<T, ILP, CS, BINARY>(a, b, z, nvec, base, THREADS);
 }
 
 struct Variant {
