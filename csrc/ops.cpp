@@ -85,4 +85,24 @@ TORCH_LIBRARY(torchext, m) {
   m.def(
       "linear_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor out, Tensor saved, str activation, "
       "bool has_bias, bool[3] output_mask) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+
+  // 2-D convolution (csrc/conv2d_*.cpp, the checks and the layout rule in csrc/conv2d.h; the CUDA ladder is
+  // cuda_ops/conv2d*.cu). input (N, C, H, W), weight (K, C / groups, kH, kW), bias (K); the output follows input's
+  // memory format (channels-last in, channels-last out). `activation` is fused into the epilogue: 'none' or 'relu'.
+  // `variant` names one version of the CUDA ladder ('direct', 'im2col', 'implicit_mma'; 'cpu' on CPU); None picks
+  // the fastest that supports the arguments.
+  m.def(
+      "conv2d(Tensor input, Tensor weight, Tensor? bias=None, int[2] stride=1, int[2] padding=0, int[2] dilation=1, "
+      "int groups=1, str activation='none', str? variant=None) -> Tensor");
+  // conv2d, and the per-output-channel sum and sum of squares of its output over (N, H, W), for batch norm's
+  // statistics without reading the output again: float32 for float16/bfloat16/float32 inputs, float64 for float64.
+  m.def(
+      "conv2d_stats(Tensor input, Tensor weight, Tensor? bias=None, int[2] stride=1, int[2] padding=0, "
+      "int[2] dilation=1, int groups=1, str? variant=None) -> (Tensor out, Tensor sum, Tensor sum_sq)");
+  // Gradients of input, weight and bias (the bias's is the sum of grad_output over N, H, W); an output whose
+  // output_mask entry is false comes back as an empty tensor. The layouts follow csrc/conv2d.h's rule.
+  m.def(
+      "conv2d_backward(Tensor grad_output, Tensor input, Tensor weight, int[2] stride, int[2] padding, "
+      "int[2] dilation, int groups, bool[3] output_mask, str? variant=None) -> (Tensor grad_input, Tensor grad_weight, "
+      "Tensor grad_bias)");
 }
