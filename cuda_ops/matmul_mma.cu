@@ -89,98 +89,6 @@ struct MmaParams {
 // ---------------------------------------------------------------------------------------------------------------
 // Shared-memory layouts of the operand tiles: cuda_ops/mma_sync.cuh.
 
-// Copies one stage of a K-major operand: BX rows from row0, 8 chunks of k each, 16-byte cp.async per chunk.
-// Thread tid copies chunk tid % 8 of rows tid / 8 + p * NT / 8; what does not change with the k-tile (the source
-// pointer, the destination, which rows exist) is computed once.
-template <typename T, int BX, int NT>
-struct KMajorLoader {
-  static constexpr int kElems = 16 / sizeof(T), kPasses = BX * 8 / NT, kRowsPerPass = NT / 8;
-  static_assert(kRowsPerPass % 8 == 0, "the swizzle of a thread's chunks must not change between passes");
-  const T* src;     // pass 0's chunk at k = 0
-  uint32_t dst;     // its offset in the tile
-  int kcol;         // its first k
-  uint32_t row_ok;  // bit p: pass p's row is inside the matrix
-
-  __device__ __forceinline__ KMajorLoader(const T* base, int64_t lead, int row0, int rows, int tid) {
-    const int r = tid >> 3, c = tid & 7;
-    src = base + static_cast<int64_t>(row0 + r) * lead + c * kElems;
-    dst = r * kLineBytes + ((c ^ (r & 7)) << 4);
-    kcol = c * kElems;
-    row_ok = 0;
-#pragma unroll
-    for (int p = 0; p < kPasses; ++p) row_ok |= static_cast<uint32_t>(row0 + r + p * kRowsPerPass < rows) << p;
-  }
-
-  // Interior tile (every row inside the matrix, k0 + BK <= k): whole chunks, no checks.
-  __device__ __forceinline__ void load_interior(uint32_t tile, int64_t lead, int k0) const {
-    const int64_t step = static_cast<int64_t>(kRowsPerPass) * lead;
-    const T* s = src + k0;
-#pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      cp_async16(tile + dst + p * kRowsPerPass * kLineBytes, s);
-      s += step;
-    }
-  }
-
-  // Any tile: zero-fill what lies outside the matrix, part of the chunk at a ragged end of k. `fallback` is a
-  // valid address for the copies that read nothing.
-  __device__ __forceinline__ void load_edge(uint32_t tile, const T* fallback, int64_t lead, int k, int k0) const {
-    const int64_t step = static_cast<int64_t>(kRowsPerPass) * lead;
-    const T* s = src + k0;
-    const int kk = k0 + kcol;
-    const int kbytes = kk < k ? min(kElems, k - kk) * static_cast<int>(sizeof(T)) : 0;
-#pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      const bool ok = ((row_ok >> p) & 1) != 0 && kbytes > 0;
-      cp_async16(tile + dst + p * kRowsPerPass * kLineBytes, ok ? s : fallback, ok ? kbytes : 0);
-      s += step;
-    }
-  }
-};
-
-// Copies one stage of an MN-major operand: BK lines of k from k0, each BX elements from row0. Thread tid copies
-// chunk tid % (chunks per line) of lines tid / (chunks per line) + p * (lines per pass).
-template <typename T, int BX, int NT>
-struct MnMajorLoader {
-  static constexpr int ES = sizeof(T), kElems = 16 / ES, kChunksPerLine = BX / kElems, kLines = kLineBytes / ES;
-  static constexpr int kPasses = kLines * kChunksPerLine / NT, kLinesPerPass = NT / kChunksPerLine;
-  static_assert(kLinesPerPass % (ES == 2 ? 8 : 4) == 0, "the swizzle must not change between passes");
-  const T* src;  // pass 0's chunk at k = 0
-  uint32_t dst;  // its offset in the tile
-  int kline;     // its line
-  int cbytes;    // bytes of it inside the matrix (0..16)
-
-  __device__ __forceinline__ MnMajorLoader(const T* base, int64_t lead, int row0, int rows, int tid) {
-    const int c = tid % kChunksPerLine;
-    const int col = row0 + c * kElems;
-    kline = tid / kChunksPerLine;
-    cbytes = col < rows ? min(kElems, rows - col) * ES : 0;
-    src = base + static_cast<int64_t>(kline) * lead + col;
-    dst = kline * (BX * ES) + (mn_major_chunk<ES>(c, kline) << 4);
-  }
-
-  __device__ __forceinline__ void load_interior(uint32_t tile, int64_t lead, int k0) const {
-    const int64_t step = static_cast<int64_t>(kLinesPerPass) * lead;
-    const T* s = src + static_cast<int64_t>(k0) * lead;
-#pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      cp_async16(tile + dst + p * kLinesPerPass * (BX * ES), s);
-      s += step;
-    }
-  }
-
-  __device__ __forceinline__ void load_edge(uint32_t tile, const T* fallback, int64_t lead, int k, int k0) const {
-    const int64_t step = static_cast<int64_t>(kLinesPerPass) * lead;
-    const T* s = src + static_cast<int64_t>(k0) * lead;
-#pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      const bool ok = k0 + kline + p * kLinesPerPass < k && cbytes > 0;
-      cp_async16(tile + dst + p * kLinesPerPass * (BX * ES), ok ? s : fallback, ok ? cbytes : 0);
-      s += step;
-    }
-  }
-};
-
 // General strides: element (row, kk) at base[row * s_mn + kk * s_k], loaded one by one (zero outside the matrix)
 // and stored as 16-byte chunks into the K-major layout. Threads run along rows when the operand has unit stride
 // along them (mn_fast), else along k, so that each load instruction is coalesced across the warp.
@@ -268,7 +176,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) matmul_mma_syn
   static_assert(kAsync || (kAKMajor && kBKMajor), "the general path stages both operands K-major");
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int ES = sizeof(T);
-  constexpr bool kTf32 = std::is_same_v<T, float>;
   constexpr int BM = Cfg::BM, BN = Cfg::BN, MI = Cfg::MI, NI = Cfg::NI, NT = Cfg::kThreads;
   constexpr int BK = kLineBytes / ES;
   constexpr int kStepsPerTile = 4;                   // k-steps of 32 bytes (16 bf16/fp16 or 8 tf32) per stage
@@ -290,75 +197,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) matmul_mma_syn
 
   const uint32_t smem0 = smem_addr(smem);
 
-  // Per-thread fragment offsets inside a stage's A and B tiles (see the layout comment); a k-step s or fragment
-  // index i enters by XOR on the chunk bits or by an immediate.
-  uint32_t a_frag, b_frag;
-  if constexpr (kAKMajor) {  // ldmatrix: rows wm0 + (lane % 16), chunk 2s + lane / 16
-    a_frag = (wm0 + (lane & 15)) * kLineBytes + (((lane >> 4) ^ (lane & 7)) << 4);
-  } else if constexpr (!kTf32) {  // ldmatrix.trans: k rows (lane % 8) + 8 (lane / 16), m chunk 2i + (lane / 8) % 2
-    a_frag = ((lane & 7) + ((lane >> 4) << 3)) * kLineA + wm0 * ES + ((((lane >> 3) & 1) ^ (lane & 7)) << 4);
-  } else {  // ld.shared: k row t, m = g (+ 8, + 16 i)
-    a_frag = t * kLineA + wm0 * ES + (((g >> 2) ^ (t << 1)) << 4) + (g & 3) * 4;
-  }
-  if constexpr (kBKMajor) {  // ldmatrix: n rows (lane % 8) + 8 (lane / 16), chunk 2s + (lane / 8) % 2
-    b_frag = (wn0 + (lane & 7) + ((lane >> 4) << 3)) * kLineBytes + ((((lane >> 3) & 1) ^ (lane & 7)) << 4);
-  } else if constexpr (!kTf32) {  // ldmatrix.trans: k rows (lane % 8) + 8 ((lane / 8) % 2), n chunk 2jp + lane / 16
-    b_frag = ((lane & 7) + (((lane >> 3) & 1) << 3)) * kLineB + wn0 * ES + (((lane >> 4) ^ (lane & 7)) << 4);
-  } else {  // ld.shared: k row t, n = g (+ 8 j)
-    b_frag = t * kLineB + wn0 * ES + (((g >> 2) ^ (t << 1)) << 4) + (g & 3) * 4;
-  }
-
+  const Fragments<T, MI, NI, kLineA, kLineB, kAKMajor, kBKMajor> frags(lane, wm0, wn0);
   uint32_t fa[2][MI][4], fb[2][NI][2];
   float acc[MI][NI][4];
 
   // Fragments of k-step s (0..3) of the stage at `stage` into buffer `buf`.
-  auto load_fragments = [&](int buf, uint32_t stage, int s) {
-    const uint32_t sa = stage, sb = stage + kBOffset;
-#pragma unroll
-    for (int i = 0; i < MI; ++i) {
-      if constexpr (kAKMajor) {
-        ldsm_x4(sa + ((a_frag ^ (s << 5)) + i * 16 * kLineBytes), fa[buf][i][0], fa[buf][i][1], fa[buf][i][2],
-                fa[buf][i][3]);
-      } else if constexpr (!kTf32) {
-        ldsm_x4_trans(sa + s * 16 * kLineA + (a_frag ^ (i << 5)), fa[buf][i][0], fa[buf][i][1], fa[buf][i][2],
-                      fa[buf][i][3]);
-      } else {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {  // q = e + 2 kh: rows g + 8e, k t + 4kh
-          const int e = q & 1, kh = q >> 1;
-          fa[buf][i][q] =
-              lds32(sa + (a_frag ^ ((((i & 1) << 2) | (e << 1)) << 4)) + (8 * s + 4 * kh) * kLineA + (i >> 1) * 128);
-        }
-      }
-      if constexpr (kTf32) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) fa[buf][i][q] = to_tf32(fa[buf][i][q]);
-      }
-    }
-#pragma unroll
-    for (int jp = 0; jp < NI / 2; ++jp) {
-      if constexpr (kBKMajor) {
-        ldsm_x4(sb + ((b_frag ^ (s << 5)) + jp * 16 * kLineBytes), fb[buf][2 * jp][0], fb[buf][2 * jp][1],
-                fb[buf][2 * jp + 1][0], fb[buf][2 * jp + 1][1]);
-      } else if constexpr (!kTf32) {
-        ldsm_x4_trans(sb + s * 16 * kLineB + (b_frag ^ (jp << 5)), fb[buf][2 * jp][0], fb[buf][2 * jp][1],
-                      fb[buf][2 * jp + 1][0], fb[buf][2 * jp + 1][1]);
-      } else {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {  // q = jj + 2 kh: fragment 2jp + jj, k t + 4kh
-          const int j = 2 * jp + (q & 1), kh = q >> 1;
-          fb[buf][j][kh] = lds32(sb + (b_frag ^ (((j & 3) << 1) << 4)) + (8 * s + 4 * kh) * kLineB + (j >> 2) * 128);
-        }
-      }
-      if constexpr (kTf32) {
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          fb[buf][2 * jp][q] = to_tf32(fb[buf][2 * jp][q]);
-          fb[buf][2 * jp + 1][q] = to_tf32(fb[buf][2 * jp + 1][q]);
-        }
-      }
-    }
-  };
+  auto load_fragments = [&](int buf, uint32_t stage, int s) { frags.load(fa[buf], fb[buf], stage, stage + kBOffset, s); };
 
   for (int64_t bz = blockIdx.z; bz < args.batch; bz += gridDim.z) {
     const T* a = args.a + bz * args.a_bs;
