@@ -1,0 +1,224 @@
+"""Benchmarks torchext's conv2d ladder against cuDNN, per convolution of ResNet-18, in one process.
+
+Every convolution shape of torchext.models.resnet18_cifar (batch 512, 32x32) and of torchvision's resnet18 (batch 128,
+224x224), channels-last, each pass timed side by side with cuDNN (torch.backends.cudnn.benchmark = True, so cuDNN
+picks its fastest algorithm per shape first), then summed over one training step's convolutions weighted by how
+often each shape occurs. Tidy rows go to a CSV (benchmarks/common.py's format) and a Markdown report to stdout.
+
+    python benchmarks/bench_conv2d.py > benchmarks/results/conv2d_gpu.md         # bf16 + fp32, ~2 min on an H100
+    python benchmarks/bench_conv2d.py --dtypes bfloat16 --models cifar          # the headline target only
+
+What is measured (op, provider, mode, shape, dtype as in the CSV):
+  op          'conv2d'; shape N x C x H x W -> K x R x S / stride / padding (e.g. 512x64x32x32-64x3x3s1p1)
+  provider    'cudnn' (torch.nn.functional.conv2d and aten.convolution_backward), 'torchext' (the default choice,
+              variant=None) or 'torchext-<variant>' (one rung of the ladder, --variants)
+  mode        fwd (the forward), bwd_input (grad_input alone), bwd_weight (grad_weight alone), fwd+bwd (the three
+              in sequence, as one training step runs them)
+  metric      time (us, CUDA events, L2 flushed before every call, median of --reps), throughput (TFLOP/s =
+              2 N P Q K C R S per pass / time), max_rel_err (max |out - cuDNN's| / max |cuDNN's| on the forward, a
+              guard against timing a wrong kernel), unsupported (the variant raised for these arguments)
+  dtype       bfloat16, float16, float32 (tf32 off for cuDNN and torchext alike: the CUDA-core path) or tf32
+
+The weighted sums ('step' rows, shape = the model's name) add count x time over the model's shapes, for the 3x3
+convolutions alone (op 'conv2d_3x3', the issue's target) and for all of them (op 'conv2d_all'); the ratio reported
+is cuDNN time / torchext time (above 1: torchext faster).
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import CsvWriter, environment, time_interleaved  # noqa: E402
+
+# (count per training step, C, K, H, R, stride, padding) at the model's batch; W = H, S = R.
+RESNET18_CIFAR = [
+    (1, 3, 64, 32, 3, 1, 1),
+    (4, 64, 64, 32, 3, 1, 1),
+    (1, 64, 128, 32, 3, 2, 1),
+    (3, 128, 128, 16, 3, 1, 1),
+    (1, 64, 128, 32, 1, 2, 0),
+    (1, 128, 256, 16, 3, 2, 1),
+    (3, 256, 256, 8, 3, 1, 1),
+    (1, 128, 256, 16, 1, 2, 0),
+    (1, 256, 512, 8, 3, 2, 1),
+    (3, 512, 512, 4, 3, 1, 1),
+    (1, 256, 512, 8, 1, 2, 0),
+]
+RESNET18_IMAGENET = [
+    (1, 3, 64, 224, 7, 2, 3),
+    (4, 64, 64, 56, 3, 1, 1),
+    (1, 64, 128, 56, 3, 2, 1),
+    (3, 128, 128, 28, 3, 1, 1),
+    (1, 64, 128, 56, 1, 2, 0),
+    (1, 128, 256, 28, 3, 2, 1),
+    (3, 256, 256, 14, 3, 1, 1),
+    (1, 128, 256, 28, 1, 2, 0),
+    (1, 256, 512, 14, 3, 2, 1),
+    (3, 512, 512, 7, 3, 1, 1),
+    (1, 256, 512, 14, 1, 2, 0),
+]
+MODELS = {"cifar": ("resnet18_cifar", 512, RESNET18_CIFAR), "imagenet": ("resnet18", 128, RESNET18_IMAGENET)}
+MODES = ("fwd", "bwd_input", "bwd_weight", "fwd+bwd")
+
+
+def shape_name(n, c, k, h, r, stride, pad):
+    return f"{n}x{c}x{h}x{h}-{k}x{r}x{r}s{stride}p{pad}"
+
+
+def out_size(h, r, stride, pad):
+    return (h + 2 * pad - r) // stride + 1
+
+
+class Problem:
+    """One convolution's tensors (channels-last, fresh random values) and the calls of each provider."""
+
+    def __init__(self, n, c, k, h, r, stride, pad, dtype, device):
+        self.stride, self.pad = (stride, stride), (pad, pad)
+        cl = torch.channels_last
+        self.x = torch.randn(n, c, h, h, device=device, dtype=dtype).contiguous(memory_format=cl)
+        self.w = (torch.randn(k, c, r, r, device=device, dtype=dtype) / (c * r * r) ** 0.5).contiguous(memory_format=cl)
+        p = out_size(h, r, stride, pad)
+        self.gy = torch.randn(n, k, p, p, device=device, dtype=dtype).contiguous(memory_format=cl)
+        self.flops = 2.0 * n * p * p * k * c * r * r
+
+    def cudnn(self, mode):
+        x, w, gy, st, pd = self.x, self.w, self.gy, self.stride, self.pad
+        back = torch.ops.aten.convolution_backward.default
+
+        def fwd():
+            return F.conv2d(x, w, None, st, pd)
+
+        def bwd(mask):
+            return lambda: back(gy, x, w, None, st, pd, (1, 1), False, (0, 0), 1, mask)
+
+        if mode == "fwd":
+            return fwd
+        if mode == "bwd_input":
+            return bwd([True, False, False])
+        if mode == "bwd_weight":
+            return bwd([False, True, False])
+
+        def step():
+            fwd()
+            back(gy, x, w, None, st, pd, (1, 1), False, (0, 0), 1, [True, True, False])
+
+        return step
+
+    def torchext(self, mode, variant):
+        x, w, gy, st, pd = self.x, self.w, self.gy, list(self.stride), list(self.pad)
+        conv, back = torch.ops.torchext.conv2d.default, torch.ops.torchext.conv2d_backward.default
+
+        def fwd():
+            return conv(x, w, None, st, pd, [1, 1], 1, "none", variant)
+
+        def bwd(mask):
+            return lambda: back(gy, x, w, st, pd, [1, 1], 1, mask, variant)
+
+        if mode == "fwd":
+            return fwd
+        if mode == "bwd_input":
+            return bwd([True, False, False])
+        if mode == "bwd_weight":
+            return bwd([False, True, False])
+
+        def step():
+            fwd()
+            back(gy, x, w, st, pd, [1, 1], 1, [True, True, False], variant)
+
+        return step
+
+
+def flops_of(mode, flops):
+    return flops * (3 if mode == "fwd+bwd" else 1)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="cifar,imagenet", help="cifar (resnet18_cifar) and/or imagenet (resnet18)")
+    p.add_argument("--dtypes", default="bfloat16,float32", help="among bfloat16, float16, float32, tf32")
+    p.add_argument("--variants", default="implicit_mma", help="ladder rungs timed besides the default (comma list)")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--out", default="benchmarks/results/conv2d_gpu.csv")
+    args = p.parse_args(argv)
+
+    import torchext  # noqa: F401  (registers the ops)
+
+    device = "cuda"
+    torch.backends.cudnn.benchmark = True
+    env = environment(device)
+    writer = CsvWriter(args.out, env)
+    variants = [None] + [v for v in args.variants.split(",") if v]
+    names = {None: "torchext"}
+    names.update({v: f"torchext-{v}" for v in variants if v})
+    print(f"# conv2d against cuDNN ({env['gpu']}, torch {env['torch']}, CUDA {env['cuda']}, {env['date']})\n")
+    print("Ratio = cuDNN time / torchext time (above 1: torchext faster). Times in us, median of", args.reps, "\n")
+
+    for dname in args.dtypes.split(","):
+        tf32 = dname == "tf32"
+        dtype = torch.float32 if dname in ("float32", "tf32") else getattr(torch, dname)
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        for mkey in args.models.split(","):
+            model, batch, shapes = MODELS[mkey]
+            totals = {}  # (op, provider, mode) -> weighted time
+            print(f"## {model}, batch {batch}, {dname}, channels-last\n")
+            print("| shape | count | mode | cuDNN us | " + " | ".join(f"{names[v]} us" for v in variants) + " | ratio |")
+            print("|---|---|---|---|" + "---|" * len(variants) + "---|")
+            for count, c, k, h, r, stride, pad in shapes:
+                prob = Problem(batch, c, k, h, r, stride, pad, dtype, device)
+                shape = shape_name(batch, c, k, h, r, stride, pad)
+                ref = prob.cudnn("fwd")().float()
+                usable = []
+                for v in variants:
+                    try:
+                        out = prob.torchext("fwd", v)().float()
+                    except (ValueError, NotImplementedError, RuntimeError) as e:
+                        writer.row("conv2d", names[v], "fwd", [shape], dname, "unsupported", str(e)[:80], 0, 0, 0)
+                        continue
+                    err = ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+                    writer.row("conv2d", names[v], "fwd", [shape], dname, "max_rel_err", "", err, err, err)
+                    usable.append(v)
+                for mode in MODES:
+                    fns = [prob.cudnn(mode)] + [prob.torchext(mode, v) for v in usable]
+                    times = time_interleaved(fns, device, warmup=3, reps=args.reps)
+                    fl = flops_of(mode, prob.flops)
+                    writer.timing("conv2d", "cudnn", mode, [shape], dname, times[0], flops=fl)
+                    for v, t in zip(usable, times[1:]):
+                        writer.timing("conv2d", names[v], mode, [shape], dname, t, flops=fl)
+                    ops = ["conv2d_all"] + (["conv2d_3x3"] if r == 3 else [])
+                    for op in ops:
+                        for prov, t in [("cudnn", times[0])] + [(names[v], tt) for v, tt in zip(usable, times[1:])]:
+                            totals[(op, prov, mode)] = totals.get((op, prov, mode), 0.0) + count * t.p50
+                    cells = []
+                    for v in variants:
+                        cells.append(f"{times[1 + usable.index(v)].p50:.1f}" if v in usable else "n/a")
+                    ratio = times[0].p50 / times[1].p50 if None in usable else float("nan")
+                    tflops = fl / times[1].p50 / 1e6 if None in usable else float("nan")
+                    print(
+                        f"| {shape} | {count} | {mode} | {times[0].p50:.1f} | " + " | ".join(cells) +
+                        f" | {ratio:.2f} ({tflops:.0f} TFLOP/s) |"
+                    )
+                del prob
+                torch.cuda.empty_cache()
+            print(f"\n### {model} {dname}: one training step's convolutions, count-weighted\n")
+            print("| convolutions | mode | cuDNN us | torchext us | ratio |")
+            print("|---|---|---|---|---|")
+            for op in ("conv2d_3x3", "conv2d_all"):
+                for mode in MODES:
+                    ref = totals.get((op, "cudnn", mode))
+                    ours = totals.get((op, "torchext", mode))
+                    if ref is None or ours is None:
+                        continue
+                    for prov, val in (("cudnn", ref), ("torchext", ours)):
+                        writer.row(op, prov, mode, [model], dname, "step_time", "us", val, val, val)
+                    print(f"| {op} | {mode} | {ref:.0f} | {ours:.0f} | {ref / ours:.3f} |")
+            print()
+    writer.close()
+
+
+if __name__ == "__main__":
+    main()
