@@ -181,7 +181,8 @@ TORCH_LIBRARY_FRAGMENT(torchext, m) {
            })
       .def("pool_use_count",
            [](const c10::intrusive_ptr<PoolObject>& self, int64_t first, int64_t second) {
-             return static_cast<int64_t>(translate([&] { return self->pool->pool_use_count(as_pool_id(first, second)); }));
+             return static_cast<int64_t>(
+                 translate([&] { return self->pool->pool_use_count(as_pool_id(first, second)); }));
            })
       .def("kind", [](const c10::intrusive_ptr<PoolObject>& self) { return self->pool->kind(); })
       .def("backend", [](const c10::intrusive_ptr<PoolObject>& self) { return self->pool->backend().name(); })

@@ -47,9 +47,7 @@ enum class State : uint8_t { kFree, kAllocated, kPending };
 
 constexpr PoolId kDevicePool{0, 0};
 
-std::string pool_name(PoolId id) {
-  return "(" + std::to_string(id.first) + ", " + std::to_string(id.second) + ")";
-}
+std::string pool_name(PoolId id) { return "(" + std::to_string(id.first) + ", " + std::to_string(id.second) + ")"; }
 
 // A set of free lists and the segments behind them: the device pool's, or one CUDA graph's private pool. Each policy
 // derives its free structure from it. Memory never moves between arenas.

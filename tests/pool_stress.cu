@@ -181,9 +181,9 @@ enum Method {
   kSetCapacity,
   kMethods
 };
-const char* const kMethodNames[kMethods] = {
-    "record_stream", "block_size", "stats",           "snapshot", "empty_cache",  "reset_peak_stats",
-    "last_error",    "kind",       "graph_pool",      "complete_events", "waits", "set_capacity"};
+const char* const kMethodNames[kMethods] = {"record_stream", "block_size",       "stats",      "snapshot",
+                                            "empty_cache",   "reset_peak_stats", "last_error", "kind",
+                                            "graph_pool",    "complete_events",  "waits",      "set_capacity"};
 constexpr int kCommonMethods = kCompleteEvents;  // the ones every backend has
 std::array<std::atomic<long>, kMethods> g_calls{};
 

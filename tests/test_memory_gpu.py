@@ -372,7 +372,8 @@ def test_make_graphed_callables_on_the_pool_matches_eager():
             pairs += [(p.grad, q.grad) for p, q in zip(module.parameters(), reference.parameters())]
             errors.append(max((a - b).abs().max().item() for a, b in pairs))
         s = memory.stats()
-        print(json.dumps({"errors": errors, "graph_pools": s["graph_pools"], "graph_pool_bytes": s["graph_pool_bytes"]}))
+        print(json.dumps({"errors": errors, "graph_pools": s["graph_pools"],
+                          "graph_pool_bytes": s["graph_pool_bytes"]}))
         """
     )
     assert max(r["errors"]) < 1e-5, f"[make_graphed_callables: output, input and weight grads] {r['errors']}"
