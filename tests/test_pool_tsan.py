@@ -4,7 +4,8 @@ tests/pool_stress.cu compiled as C++ is the pool (cuda_ops/pool.cpp) on its host
 allocate, free and call every other public method of the pool (record_stream, block_size, stats, snapshot,
 empty_cache, reset_peak_stats, last_error, kind, CUDA-graph routing to private pools) and of the host backend
 (complete_events, waits, set_capacity). Built with -fsanitize=thread, any data race TSan reports, a crash or a failed
-check of the driver fails the test. The same stress through the Python API is tests/test_memory.py::test_threads_without_the_gil.
+check of the driver fails the test. The same stress through the Python API is
+tests/test_memory.py::test_threads_without_the_gil.
 
 Skips when no compiler here ($CXX, g++, clang++) can build and run a ThreadSanitizer program."""
 
