@@ -8,6 +8,7 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <stdexcept>
@@ -32,6 +33,9 @@ auto translate(F&& f) -> decltype(f()) {
 
 void* as_ptr(int64_t address) { return reinterpret_cast<void*>(static_cast<uintptr_t>(address)); }
 StreamId as_stream(int64_t stream) { return static_cast<StreamId>(stream); }
+PoolId as_pool_id(int64_t first, int64_t second) {
+  return {static_cast<uint64_t>(first), static_cast<uint64_t>(second)};
+}
 
 double time_pool_alloc_free(Pool& pool, StreamId stream, const std::vector<int64_t>& sizes, int64_t live,
                             int64_t rounds) {
@@ -116,12 +120,15 @@ struct PoolObject : torch::CustomClassHolder {
     put("free_bytes", s.free_bytes);
     put("oom_retries", s.oom_retries);
     put("ooms", s.ooms);
+    put("graph_pools", s.graph_pools);
+    put("graph_pool_bytes", s.graph_pool_bytes);
     d.insert("fragmentation", s.fragmentation());
     return d;
   }
 
-  // One row of 7 integers per block, segments in address order and blocks in address order within each: segment
-  // address, segment size, small segment (0/1), block address, block size, stream, in use (0/1).
+  // One row of 9 integers per block, segments in address order and blocks in address order within each: segment
+  // address, segment size, small segment (0/1), block address, block size, stream, in use (0/1), and the id of the
+  // private pool the segment belongs to (0, 0 for the device pool).
   std::vector<int64_t> snapshot() {
     std::vector<int64_t> rows;
     for (const SegmentInfo& seg : translate([&] { return pool->snapshot(); }))
@@ -129,9 +136,18 @@ struct PoolObject : torch::CustomClassHolder {
         for (int64_t v :
              {static_cast<int64_t>(seg.address), static_cast<int64_t>(seg.size), static_cast<int64_t>(seg.small),
               static_cast<int64_t>(b.address), static_cast<int64_t>(b.size), static_cast<int64_t>(b.stream),
-              static_cast<int64_t>(b.allocated)})
+              static_cast<int64_t>(b.allocated), static_cast<int64_t>(seg.pool.first),
+              static_cast<int64_t>(seg.pool.second)})
           rows.push_back(v);
     return rows;
+  }
+
+  // Host tests of the CUDA-graph routing: requests on `streams` go to private pool (first, second).
+  void begin_allocate_to_pool(int64_t first, int64_t second, std::vector<int64_t> streams) {
+    StreamFilter filter = [streams = std::move(streams)](StreamId s) {
+      return std::find(streams.begin(), streams.end(), static_cast<int64_t>(s)) != streams.end();
+    };
+    translate([&] { pool->begin_allocate_to_pool(as_pool_id(first, second), std::move(filter)); });
   }
 };
 
@@ -150,6 +166,24 @@ TORCH_LIBRARY_FRAGMENT(torchext, m) {
            })
       .def("block_size", [](const c10::intrusive_ptr<PoolObject>& self,
                             int64_t address) { return static_cast<int64_t>(self->pool->block_size(as_ptr(address))); })
+      .def("begin_allocate_to_pool", &PoolObject::begin_allocate_to_pool)
+      .def("end_allocate_to_pool",
+           [](const c10::intrusive_ptr<PoolObject>& self, int64_t first, int64_t second) {
+             translate([&] { self->pool->end_allocate_to_pool(as_pool_id(first, second)); });
+           })
+      .def("release_pool",
+           [](const c10::intrusive_ptr<PoolObject>& self, int64_t first, int64_t second) {
+             translate([&] { self->pool->release_pool(as_pool_id(first, second)); });
+           })
+      .def("create_or_incref_pool",
+           [](const c10::intrusive_ptr<PoolObject>& self, int64_t first, int64_t second) {
+             translate([&] { self->pool->create_or_incref_pool(as_pool_id(first, second)); });
+           })
+      .def("pool_use_count",
+           [](const c10::intrusive_ptr<PoolObject>& self, int64_t first, int64_t second) {
+             return static_cast<int64_t>(
+                 translate([&] { return self->pool->pool_use_count(as_pool_id(first, second)); }));
+           })
       .def("kind", [](const c10::intrusive_ptr<PoolObject>& self) { return self->pool->kind(); })
       .def("backend", [](const c10::intrusive_ptr<PoolObject>& self) { return self->pool->backend().name(); })
       .def("last_error", [](const c10::intrusive_ptr<PoolObject>& self) { return self->pool->last_error(); })
@@ -166,6 +200,10 @@ TORCH_LIBRARY_FRAGMENT(torchext, m) {
            [](const c10::intrusive_ptr<PoolObject>& self, int64_t capacity) {
              TORCH_CHECK_VALUE(capacity >= 0, "torchext.memory.Pool.set_capacity: `capacity` must be >= 0");
              self->host_backend("set_capacity").set_capacity(static_cast<size_t>(capacity));
+           })
+      .def("set_capture_underway",
+           [](const c10::intrusive_ptr<PoolObject>& self, bool underway) {
+             self->host_backend("set_capture_underway").set_capture_underway(underway);
            })
       .def("waits",
            [](const c10::intrusive_ptr<PoolObject>& self) {

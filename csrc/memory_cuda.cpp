@@ -8,7 +8,9 @@
 //                  pool, and reset_peak_memory_stats() resets its peaks (the base class raises for these);
 //   cacheInfo      the largest free block, which cuDNN asks for when cudnn.benchmark sizes its workspaces (the base
 //                  class raises there, so benchmark mode would fail);
-//   CUDA graphs    capture is refused with a clear error before it starts (see kGraphCaptureError).
+//   CUDA graphs    beginAllocateToPool, endAllocateToPool, releasePool, createOrIncrefPool and getPoolUseCount reach
+//                  the device's pool, which serves each graph from a private pool of its own (cuda_ops/pool.h), so
+//                  torch.cuda.graph, make_graphed_callables and torch.cuda.MemPool work on it.
 // Out of memory raises torch.OutOfMemoryError with the pool's statistics in the message.
 //
 // The extern "C" functions at the end are the same pools for torch.cuda.memory.CUDAPluggableAllocator, which is how
@@ -35,14 +37,6 @@ namespace torchext::memory {
 namespace {
 
 constexpr int kMaxDevices = 64;
-
-constexpr const char* kGraphCaptureError =
-    "torchext.memory: CUDA graph capture is not supported on torchext's memory "
-    "pool (a captured graph replays "
-    "its allocations, which needs an allocator that can set memory aside for "
-    "each graph). Capture graphs in a "
-    "process that runs on PyTorch's own allocator, i.e. without "
-    "torchext.memory.enable_pool().";
 
 std::mutex g_mutex;
 std::array<std::atomic<Pool*>, kMaxDevices> g_pools{};
@@ -83,6 +77,20 @@ void empty_all_caches() {
   }
 }
 
+PoolId pool_id(c10::cuda::MempoolId_t id) {
+  return {static_cast<uint64_t>(id.first), static_cast<uint64_t>(id.second)};
+}
+
+// The pool's std::invalid_argument (a bad pool id) as the ValueError torch maps it to; c10::Error passes through.
+template <typename F>
+void translate_errors(F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK_VALUE(false, "torchext.memory: ", e.what());
+  }
+}
+
 using PluggableAllocator = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 using DeviceStats = c10::cuda::CUDACachingAllocator::DeviceStats;
 
@@ -91,8 +99,34 @@ class PoolAllocator final : public PluggableAllocator {
   PoolAllocator() : PluggableAllocator(allocate_or_throw, free_block) {
     set_record_stream_fn(record_block_stream);
     set_reset_fn(empty_all_caches);
-    set_begin_allocate_to_pool(
-        [](int, c10::cuda::MempoolId_t, std::function<bool(cudaStream_t)>) { TORCH_CHECK(false, kGraphCaptureError); });
+  }
+
+  // torch.cuda.graph: capture_begin calls beginAllocateToPool before cudaStreamBeginCapture, capture_end
+  // endAllocateToPool, and the graph's destruction releasePool. The filter asks CUDA whether a stream is capturing
+  // into this graph.
+  void beginAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t id,
+                           std::function<bool(cudaStream_t)> filter) override {
+    translate_errors([&] {
+      device_pool(device).begin_allocate_to_pool(
+          pool_id(id), [filter = std::move(filter)](StreamId s) { return filter(reinterpret_cast<cudaStream_t>(s)); });
+    });
+  }
+  void endAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t id) override {
+    translate_errors([&] { device_pool(device).end_allocate_to_pool(pool_id(id)); });
+  }
+  void releasePool(c10::DeviceIndex device, c10::cuda::MempoolId_t id) override {
+    translate_errors([&] { device_pool(device).release_pool(pool_id(id)); });
+  }
+  // torch.cuda.MemPool() with no allocator of its own: a private pool of this allocator.
+  void createOrIncrefPool(c10::DeviceIndex device, c10::cuda::MempoolId_t id,
+                          std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> allocator) override {
+    TORCH_CHECK(allocator == nullptr || allocator.get() == this,
+                "torchext.memory: a torch.cuda.MemPool with an allocator of its own cannot be used while torchext's "
+                "pool is PyTorch's allocator");
+    translate_errors([&] { device_pool(device).create_or_incref_pool(pool_id(id)); });
+  }
+  int getPoolUseCount(c10::DeviceIndex device, c10::cuda::MempoolId_t id) override {
+    return device_pool(device).pool_use_count(pool_id(id));
   }
 
   DeviceStats getDeviceStats(c10::DeviceIndex device) override {

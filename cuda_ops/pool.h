@@ -17,16 +17,32 @@
 // streams merge the same way, so freeing everything always coalesces back to whole segments. A block that was also used
 // on other streams (record_stream) goes back to the free lists only after events recorded on each of those streams at
 // free time have completed.
+//
+// CUDA graphs (PyTorch's CUDACachingAllocator semantics). A graph replays the addresses it captured, so what it
+// allocates during capture must stay its own. Between begin_allocate_to_pool(id, filter) and end_allocate_to_pool(id),
+// a request on a stream the filter accepts (a stream capturing into that graph) is served from the private pool `id`:
+// segments and free lists of its own, never handed to the device pool's requests. A block freed during the capture is
+// reused later in the same capture on the same stream (the graph orders the two); a block freed after it (the graph's
+// memory, between replays) goes back to the private pool's free lists, and the pool's memory stays reserved until the
+// pool is released. Each begin_allocate_to_pool or create_or_incref_pool adds a use, each release_pool drops one
+// (graphs sharing a pool each hold one); with no use left and its last block freed, its segments go back to the
+// device. Private pools never reuse memory across streams.
+// While any capture is underway the pool makes no call a capture forbids or that would break it: no event queries,
+// records or waits (cross-stream reuse, merges across streams and record_stream's events wait until it ends), no
+// device synchronization and no release of memory (out of memory then fails at once). New segments are allowed: the
+// CUDA backend makes them in relaxed capture mode, as PyTorch's caching allocator does.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace torchext::memory {
@@ -35,6 +51,10 @@ namespace torchext::memory {
 using StreamId = std::uintptr_t;
 // A backend's event (cudaEvent_t for the GPU).
 using EventId = void*;
+// A private pool's id: PyTorch's c10::cuda::MempoolId_t. {0, 0} names the device pool itself.
+using PoolId = std::pair<uint64_t, uint64_t>;
+// True for the streams whose requests go to a private pool while allocations are routed to it.
+using StreamFilter = std::function<bool(StreamId)>;
 
 constexpr size_t kAlignment = 512;          // every block's size and address is a multiple of this
 constexpr size_t kSmallRequest = 1 << 20;   // requests up to 1 MiB are "small"
@@ -78,13 +98,16 @@ class HostBackend final : public Backend {
   bool event_done(EventId event) override;
   void wait_event(StreamId waiter, EventId event) override;
   void destroy_event(EventId event) override;
-  void synchronize() override { complete_events(); }
+  void synchronize() override;
   std::pair<int64_t, int64_t> device_memory() override;
   std::string name() const override { return "host"; }
 
   // Completes every event recorded so far (as if the device caught up).
   void complete_events();
   void set_capacity(size_t capacity);
+  // While set, the simulated device is capturing a CUDA graph: event records, queries and waits, synchronize and
+  // release throw std::logic_error naming the call (each would break a real capture); reserve still works.
+  void set_capture_underway(bool underway);
   // Cross-stream waits issued so far (waiter, stream the event was recorded on), for tests. A copy: the list grows
   // while other threads allocate.
   std::vector<std::pair<StreamId, StreamId>> waits() const;
@@ -97,6 +120,7 @@ class HostBackend final : public Backend {
   mutable std::mutex mutex_;  // guards everything below
   size_t capacity_;
   size_t in_use_ = 0;
+  bool capture_underway_ = false;
   uintptr_t next_event_ = 0;
   std::unordered_map<EventId, Event> events_;
   std::vector<std::pair<StreamId, StreamId>> waits_;
@@ -121,6 +145,10 @@ struct PoolStats {
   int64_t free_bytes = 0;           // reserved - allocated - pending: held by the pool, not handed out
   int64_t oom_retries = 0;          // device allocations that failed and were retried after freeing the cache
   int64_t ooms = 0;                 // requests that failed after the retry
+  int64_t graph_pools = 0;          // private pools (CUDA graphs) held now
+  int64_t graph_pool_bytes = 0;     // of reserved_bytes, the bytes in their segments
+  // All figures above cover the device pool and the private pools together, except largest_free_block, which is the
+  // device pool's (a private pool's free memory serves only its graphs).
   // External fragmentation of the cached memory: 1 - largest_free_block / free_bytes (0 when nothing is free). 0 means
   // all free memory is one block; near 1, it is scattered in pieces too small for a large request.
   double fragmentation() const {
@@ -140,6 +168,7 @@ struct SegmentInfo {
   size_t size;
   bool small;
   std::vector<BlockInfo> blocks;  // in address order, covering the segment exactly
+  PoolId pool{0, 0};              // the private pool it belongs to; {0, 0}: the device pool
 };
 
 // Every method is thread-safe: one mutex per pool guards all of its state, and the backend is called only under it.
@@ -165,6 +194,20 @@ class Pool {
   // in between does not change it.
   virtual std::string last_error() = 0;
   virtual std::string kind() const = 0;
+
+  // CUDA graphs (see the top of this file); the names are PyTorch's CUDAAllocator methods. Bad ids throw
+  // std::invalid_argument.
+  // Requests on the streams `filter` accepts go to private pool `id` (made if new; one use more) until
+  // end_allocate_to_pool(id). Several ids may be routed at once; a request goes to the first whose filter takes it.
+  virtual void begin_allocate_to_pool(PoolId id, StreamFilter filter) = 0;
+  virtual void end_allocate_to_pool(PoolId id) = 0;
+  // One use of the private pool less; with none left, its segments go back to the device once its last block is
+  // freed (at once if none is live; deferred while a capture is underway).
+  virtual void release_pool(PoolId id) = 0;
+  virtual void create_or_incref_pool(PoolId id) = 0;
+  // The private pool's uses (0 for an id that names none).
+  virtual int pool_use_count(PoolId id) = 0;
+
   // The backend, for its name() and, on the host backend, its own thread-safe test methods. Its Backend methods
   // belong to the pool: called from outside, they would bypass the pool's lock and bookkeeping.
   virtual Backend& backend() = 0;

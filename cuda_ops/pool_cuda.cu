@@ -36,12 +36,27 @@ class DeviceScope {
   int previous_ = -1;
 };
 
+// Makes the calling thread's stream capture mode relaxed for the scope, and restores it after.
+class CaptureModeScope {
+ public:
+  CaptureModeScope() { check(cudaThreadExchangeStreamCaptureMode(&mode_), "cudaThreadExchangeStreamCaptureMode"); }
+  ~CaptureModeScope() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  CaptureModeScope(const CaptureModeScope&) = delete;
+  CaptureModeScope& operator=(const CaptureModeScope&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {}
+  // In relaxed capture mode for the call, so that it works while a CUDA graph is being captured (in global mode even in
+  // another thread): the graph keeps the address and replays never allocate, as with PyTorch's caching allocator.
   void* reserve(size_t bytes) override {
     DeviceScope scope(device_);
     void* p = nullptr;
+    CaptureModeScope relaxed;
     cudaError_t err = cudaMalloc(&p, bytes);
     if (err == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();  // not sticky: clear it so that the next CUDA call does not report it

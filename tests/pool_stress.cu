@@ -18,8 +18,11 @@
 //
 // Between allocations, the threads call every other public method of the pool at the given rate: record_stream,
 // block_size, stats (whose figures must add up), snapshot (whose blocks must tile their segments), empty_cache,
-// reset_peak_stats, last_error, kind, and on the host backend complete_events, waits and set_capacity (switching
-// between unlimited and a capacity small enough to run out of memory now and then).
+// reset_peak_stats, last_error, kind, CUDA-graph routing (a thread's call begins routing one stream to a new private
+// pool, its next ends it and releases the pool, so that every thread's requests on that stream go to the private pool
+// meanwhile and the pool goes back to the device when its last block is freed), and on the host backend
+// complete_events, waits and set_capacity (switching between unlimited and a capacity small enough to run out of
+// memory now and then). The routing has no real capture behind it, so it runs on the GPU too.
 //
 // At the end every block is freed, the cache emptied, and reserved bytes must be zero. Prints one JSON line (with the
 // number of calls of each method); exits 1 on any failure.
@@ -172,14 +175,15 @@ enum Method {
   kResetPeakStats,
   kLastError,
   kKind,
+  kGraphPool,
   kCompleteEvents,
   kWaits,
   kSetCapacity,
   kMethods
 };
-const char* const kMethodNames[kMethods] = {"record_stream",    "block_size", "stats", "snapshot",        "empty_cache",
-                                            "reset_peak_stats", "last_error", "kind",  "complete_events", "waits",
-                                            "set_capacity"};
+const char* const kMethodNames[kMethods] = {"record_stream", "block_size",       "stats",      "snapshot",
+                                            "empty_cache",   "reset_peak_stats", "last_error", "kind",
+                                            "graph_pool",    "complete_events",  "waits",      "set_capacity"};
 constexpr int kCommonMethods = kCompleteEvents;  // the ones every backend has
 std::array<std::atomic<long>, kMethods> g_calls{};
 
@@ -239,6 +243,8 @@ int main(int argc, char** argv) {
       std::vector<Live> live;
       long made = 0;
       unsigned counter = 0;
+      PoolId graph{0, 0};  // the private pool this thread routes a stream to now, if any
+      uint64_t graphs = 0;
       auto release = [&](size_t i) {
         Live b = live[i];
         live[i] = live.back();
@@ -281,6 +287,18 @@ int main(int argc, char** argv) {
           case kKind:
             if (pool->kind() != kind || pool->backend().name().empty()) fail("kind or backend name changed");
             break;
+          case kGraphPool:
+            if (graph == PoolId{0, 0}) {
+              graph = {static_cast<uint64_t>(t) + 1, ++graphs};
+              const StreamId routed = reinterpret_cast<StreamId>(streams[pick_stream(rng)]);
+              pool->begin_allocate_to_pool(graph, [routed](StreamId s) { return s == routed; });
+            } else {
+              pool->end_allocate_to_pool(graph);
+              if (pool->pool_use_count(graph) != 1) fail("a private pool's use count is not 1");
+              pool->release_pool(graph);
+              graph = {0, 0};
+            }
+            break;
           case kCompleteEvents:
             host_backend->complete_events();
             break;
@@ -316,12 +334,17 @@ int main(int argc, char** argv) {
         tag_block(b);
         live.push_back(b);
       }
+      if (graph != PoolId{0, 0}) {
+        pool->end_allocate_to_pool(graph);
+        pool->release_pool(graph);
+      }
       while (!live.empty()) release(live.size() - 1);
       free_staging(host);
     });
   }
   for (auto& w : workers) w.join();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  (void)pool->stats();  // records the record_stream events put off while private pools were routed to
   synchronize_device();
   if (host_backend != nullptr) host_backend->complete_events();
 
@@ -330,6 +353,7 @@ int main(int argc, char** argv) {
   const PoolStats after = pool->stats();
   if (before.allocated_bytes != 0 || before.active_blocks != 0) fail("blocks still allocated after freeing all");
   if (after.reserved_bytes != 0 || after.segments != 0) fail("reserved bytes not zero after empty_cache");
+  if (after.graph_pools != 0) fail("private pools left after every one was released and its blocks freed");
   std::string calls;
   for (int m = 0; m < methods; ++m)
     calls += std::string(m ? ", " : "") + "\"" + kMethodNames[m] + "\": " + std::to_string(g_calls[m].load());

@@ -3,6 +3,7 @@ schema and values, summary.md, the plots, the command line and the recipes, clea
 (gloo) run."""
 
 import copy
+import dataclasses
 import importlib.util
 import json
 import os
@@ -323,6 +324,17 @@ def test_cli_parsing_and_argv_round_trip():
         assert back == c, f"[to_argv] {c.to_argv()}"
 
 
+def test_cuda_graphs_with_the_pool_allocator_is_accepted():
+    """--cuda-graphs --allocator pool: the pool serves CUDA graph capture (private pools), so the configuration
+    validates and round-trips through the child's argv."""
+    argv = ["--model", "cnn_cifar", "--cuda-graphs", "--allocator", "pool"]
+    cfg = compare.config_from_args(compare.build_parser().parse_args(argv))
+    assert cfg.cuda_graphs and cfg.allocator == "pool"
+    cfg.resolved().validate()
+    child = dataclasses.replace(cfg, child=True)
+    assert compare.config_from_args(compare.build_parser().parse_args(child.to_argv())) == child
+
+
 def test_help_documents_recipes(capsys):
     with pytest.raises(SystemExit) as e:
         compare.main(["--help"])
@@ -487,6 +499,22 @@ def test_torchrun_two_gpus_nccl(tmp_path):
         assert m["peak_allocated_bytes"] > 0
     assert results["gpu_time_share"]["share"] > 0, results["gpu_time_share"]
     assert results["stock_gpu_time"]["share"] == 0, "stock runs no torchext kernel"
+
+
+@gpu
+def test_cuda_graphs_run_on_the_pool_allocator(tmp_path):
+    """--cuda-graphs --allocator pool: both models' steps captured and replayed on torchext's pool (in the child
+    process), and they learn."""
+    results = compare.run(
+        tiny(tmp_path, model="cnn_cifar", device="cuda", cuda_graphs=True, allocator="pool", epochs=2, seeds=(0,),
+             synthetic_train=512, batch_size=64)
+    )  # fmt: skip
+    for name in ("stock", "torchext"):
+        epochs = results["seeds"][0]["models"][name]["epochs"]
+        assert epochs[-1]["train_loss"] < epochs[0]["train_loss"], f"[{name}] the training loss did not go down"
+    memory = results["memory"]
+    assert memory["allocator"] == "pool" and memory["pool_stats"]["reserved_bytes_peak"] > 0, memory
+    assert ", CUDA graphs" in (tmp_path / "out" / "summary.md").read_text()
 
 
 @gpu

@@ -50,7 +50,10 @@ INT_STATS = (
     "allocated_bytes", "allocated_bytes_peak", "requested_bytes", "requested_bytes_peak", "reserved_bytes",
     "reserved_bytes_peak", "active_blocks", "allocations", "cache_hits", "segments", "device_allocs", "device_frees",
     "cross_stream_reuses", "pending_free_bytes", "largest_free_block", "free_bytes", "oom_retries", "ooms",
+    "graph_pools", "graph_pool_bytes",
 )  # fmt: skip
+
+DEVICE_POOL = (0, 0)  # the pool id of the device pool's segments in snapshots
 
 
 def round_up(n: int, m: int) -> int:
@@ -113,10 +116,13 @@ class Live:
     used_on: set = dataclasses.field(default_factory=set)  # record_stream streams other than its own
 
 
-def check_pool(pool: Pool, what: str, live: dict | None = None, pending: dict | None = None) -> dict:
+def check_pool(
+    pool: Pool, what: str, live: dict | None = None, pending: dict | None = None, capture_underway: bool = False
+) -> dict:
     """Checks every invariant of the pool; with `live` (address -> Live) and `pending` (address -> size of a block
-    freed after record_stream, its events not complete yet), also that the pool agrees with the model. Returns
-    stats()."""
+    freed after record_stream, its events not complete yet), also that the pool agrees with the model. Free
+    neighbours on different streams may stay apart in private pools (CUDA graphs), and in the device pool while a
+    capture is underway. Returns stats()."""
     stats = pool.stats()
     segments = pool.snapshot()
     kind = pool.kind
@@ -130,6 +136,8 @@ def check_pool(pool: Pool, what: str, live: dict | None = None, pending: dict | 
     # Segments: aligned, disjoint, tiled exactly by their blocks in address order.
     in_use: dict[int, object] = {}
     free_sizes: list[int] = []
+    device_free_sizes: list[int] = []  # largest_free_block is the device pool's
+    graph_pools: dict[tuple[int, int], int] = {}  # private pool -> bytes of its segments
     previous_end = 0
     for seg in segments:
         assert seg.address % ALIGNMENT == 0 and seg.size % ALIGNMENT == 0 and seg.size > 0, (
@@ -153,6 +161,10 @@ def check_pool(pool: Pool, what: str, live: dict | None = None, pending: dict | 
                 in_use[block.address] = block
             else:
                 free_sizes.append(block.size)
+                if seg.pool == DEVICE_POOL:
+                    device_free_sizes.append(block.size)
+        if seg.pool != DEVICE_POOL:
+            graph_pools[seg.pool] = graph_pools.get(seg.pool, 0) + seg.size
         assert cursor == seg.address + seg.size, (
             f"[{what}] the blocks of segment {seg.address:#x} cover {cursor - seg.address} bytes of {seg.size}"
         )
@@ -162,8 +174,9 @@ def check_pool(pool: Pool, what: str, live: dict | None = None, pending: dict | 
                 if seg.small
                 else (seg.size % LARGE_ROUNDING == 0 and seg.size > SMALL_REQUEST)
             ), f"[{what}] {'small' if seg.small else 'large'} segment of {seg.size} bytes"
+            streams_may_stay_apart = seg.pool != DEVICE_POOL or capture_underway
             for a, b in zip(seg.blocks, seg.blocks[1:]):
-                assert a.in_use or b.in_use, (
+                assert a.in_use or b.in_use or (streams_may_stay_apart and a.stream != b.stream), (
                     f"[{what}] free blocks {a.address:#x} and {b.address:#x} are neighbours but were not coalesced"
                 )
         else:
@@ -184,7 +197,7 @@ def check_pool(pool: Pool, what: str, live: dict | None = None, pending: dict | 
         f"[{what}] free_bytes {stats['free_bytes']}, free blocks {free_bytes}, reserved - allocated - pending "
         f"{reserved - stats['allocated_bytes'] - stats['pending_free_bytes']}"
     )
-    largest = max(free_sizes, default=0)
+    largest = max(device_free_sizes, default=0)
     assert stats["largest_free_block"] == largest, (
         f"[{what}] largest_free_block {stats['largest_free_block']} != {largest}"
     )
@@ -195,6 +208,10 @@ def check_pool(pool: Pool, what: str, live: dict | None = None, pending: dict | 
     assert stats["allocated_bytes"] >= stats["requested_bytes"], f"[{what}] allocated < requested"
     if stats["segments"] == 0:
         assert stats["allocated_bytes"] == stats["active_blocks"] == 0, f"[{what}] blocks in use without segments"
+    assert stats["graph_pool_bytes"] == sum(graph_pools.values()), (
+        f"[{what}] graph_pool_bytes {stats['graph_pool_bytes']} != {sum(graph_pools.values())} in private segments"
+    )
+    assert stats["graph_pools"] >= len(graph_pools), f"[{what}] graph_pools {stats['graph_pools']} < {len(graph_pools)}"
 
     if live is not None:
         pending = pending or {}
@@ -333,7 +350,9 @@ class Model:
             f"empty_cache returned {released}, reserved went {before['reserved_bytes']} -> {after['reserved_bytes']}"
         )
         for seg in self.pool.snapshot():
-            assert any(block.in_use for block in seg.blocks), f"empty_cache kept the wholly free segment {seg}"
+            assert seg.pool != DEVICE_POOL or any(block.in_use for block in seg.blocks), (
+                f"empty_cache kept the wholly free segment {seg}"
+            )
 
     def free_all(self) -> None:
         for address in list(self.live):
@@ -1387,3 +1406,427 @@ def test_resnet18_trace_replay_reserved_stays_within_5_percent_of_requested():
         check_everything_free(pool, f"{kind} after the trace")
     assert ratios["best_fit"] <= 1.05, f"best_fit peak reserved / peak requested = {ratios['best_fit']:.3f}"
     assert ratios["pow2"] > ratios["best_fit"] + 0.1, f"pow2 should cost visibly more: {ratios}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CUDA graphs: private pools (cuda_ops/pool.h). The host backend's set_capture_underway makes every call a capture
+# forbids (event records, queries and waits, synchronization, releases of memory) raise, so each test below that runs
+# "under capture" also proves the pool made none of them.
+
+CAPTURE_STREAM = 11  # the stream "capturing" into the graph
+OTHER_STREAM = 22  # a stream outside the capture
+GRAPH_A, GRAPH_B = (1, 0), (0, 2)  # private pool ids as torch makes them: by a graph (first) or graph_pool_handle
+
+
+@contextlib.contextmanager
+def capture(pool: Pool, pool_id=GRAPH_A, streams=(CAPTURE_STREAM,)):
+    """What torch.cuda.graph does around a capture: route the capturing streams to the private pool, capture, stop
+    routing. The simulated device refuses forbidden calls in between."""
+    pool.begin_allocate_to_pool(pool_id, list(streams))
+    pool.set_capture_underway(True)
+    try:
+        yield
+    finally:
+        pool.set_capture_underway(False)
+        pool.end_allocate_to_pool(pool_id)
+
+
+def segment_pool(pool: Pool, address: int) -> tuple[int, int]:
+    """The pool id of the segment holding `address` (DEVICE_POOL for the device pool's)."""
+    for seg in pool.snapshot():
+        if seg.address <= address < seg.address + seg.size:
+            return seg.pool
+    raise AssertionError(f"no segment holds {address:#x}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_capture_routes_the_capturing_streams_to_the_private_pool(kind):
+    pool = Pool(kind)
+    with capture(pool):
+        inside = pool.allocate(1000, CAPTURE_STREAM)
+        outside = pool.allocate(1000, OTHER_STREAM)
+        s = check_pool(pool, "during capture", capture_underway=True)
+    after = pool.allocate(1000, CAPTURE_STREAM)
+    assert segment_pool(pool, inside) == GRAPH_A, "[capturing stream] not served from the private pool"
+    assert segment_pool(pool, outside) == DEVICE_POOL, "[stream outside the capture] served from the private pool"
+    assert segment_pool(pool, after) == DEVICE_POOL, "[capturing stream after the capture] still routed"
+    assert s["graph_pools"] == 1 and s["graph_pool_bytes"] == (SMALL_SEGMENT if kind == "best_fit" else 1024), s
+    assert pool.pool_use_count(GRAPH_A) == 1
+    for address in (inside, outside, after):
+        pool.free(address)
+    check_pool(pool, "after the frees")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_capture_reuses_memory_freed_during_the_capture(kind):
+    """Within one capture the graph orders a free and a later allocation on the same stream: the block is reused."""
+    pool = Pool(kind)
+    with capture(pool):
+        a = pool.allocate(4 * KiB, CAPTURE_STREAM)
+        pool.free(a)
+        hits = pool.stats()["cache_hits"]
+        b = pool.allocate(4 * KiB, CAPTURE_STREAM)
+        assert b == a, f"[same stream, same capture] freed block {a:#x} not reused (got {b:#x})"
+        assert pool.stats()["cache_hits"] == hits + 1
+        c = pool.allocate(4 * KiB, OTHER_STREAM)
+        assert segment_pool(pool, c) == DEVICE_POOL
+    pool.free(b)
+    pool.free(c)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_private_and_device_pools_never_share_memory(kind):
+    pool = Pool(kind)
+    before = pool.allocate(64 * KiB, CAPTURE_STREAM)
+    pool.free(before)  # cached in the device pool, on the stream about to capture
+    with capture(pool):
+        a = pool.allocate(64 * KiB, CAPTURE_STREAM)
+        assert a != before and segment_pool(pool, a) == GRAPH_A, "[capture] took memory of the device pool"
+        pool.free(a)  # freed during the capture: stays the graph's
+    b = pool.allocate(64 * KiB, CAPTURE_STREAM)
+    assert b == before, "[after the capture] the device pool's own cached block should serve the request"
+    c = pool.allocate(64 * KiB, CAPTURE_STREAM)
+    assert c != a and segment_pool(pool, c) == DEVICE_POOL, "[after the capture] the device pool took graph memory"
+    for address in (b, c):
+        pool.free(address)
+    check_pool(pool, "end")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_concurrent_captures_get_separate_pools(kind):
+    pool = Pool(kind)
+    pool.begin_allocate_to_pool(GRAPH_A, [CAPTURE_STREAM])
+    pool.begin_allocate_to_pool(GRAPH_B, [OTHER_STREAM])
+    pool.set_capture_underway(True)
+    a = pool.allocate(8 * KiB, CAPTURE_STREAM)
+    pool.free(a)
+    b = pool.allocate(8 * KiB, OTHER_STREAM)
+    pool.set_capture_underway(False)
+    pool.end_allocate_to_pool(GRAPH_A)
+    pool.end_allocate_to_pool(GRAPH_B)
+    assert segment_pool(pool, b) == GRAPH_B and b != a, "[two captures] one pool's free memory served the other"
+    assert pool.stats()["graph_pools"] == 2
+    pool.free(b)
+    for graph in (GRAPH_A, GRAPH_B):
+        pool.release_pool(graph)
+    s = check_pool(pool, "after both releases", live={}, pending={})
+    assert s["graph_pools"] == s["graph_pool_bytes"] == s["reserved_bytes"] == 0, s
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_graph_memory_stays_reserved_until_release_and_last_free(kind):
+    """Blocks freed after the capture (during replays the graph owns the addresses) stay in the private pool; once
+    the graph releases the pool and its last tensor is freed, the memory goes back to the device."""
+    pool = Pool(kind)
+    with capture(pool):
+        output = pool.allocate(3 * MiB, CAPTURE_STREAM)  # a static output the user keeps
+        scratch = pool.allocate(5 * KiB, CAPTURE_STREAM)
+    pool.free(scratch)  # after the capture
+    reserved = pool.stats()["reserved_bytes"]
+    assert pool.empty_cache() == 0, "empty_cache released a graph's memory"
+    s = check_pool(pool, "after capture")
+    assert s["reserved_bytes"] == s["graph_pool_bytes"] == reserved and s["graph_pools"] == 1, s
+    again = pool.allocate(5 * KiB, CAPTURE_STREAM)
+    assert segment_pool(pool, again) == DEVICE_POOL, "a request outside any capture got graph memory"
+    pool.free(again)
+    pool.empty_cache()
+    pool.release_pool(GRAPH_A)  # the graph is destroyed; its output is still alive
+    assert pool.pool_use_count(GRAPH_A) == 0
+    s = check_pool(pool, "released, output alive")
+    assert s["graph_pools"] == 1 and s["graph_pool_bytes"] == reserved, s
+    frees = s["device_frees"]
+    pool.free(output)
+    s = check_pool(pool, "released and freed", live={}, pending={})
+    assert s["graph_pools"] == s["graph_pool_bytes"] == s["reserved_bytes"] == 0, s
+    assert s["device_frees"] == frees + 2, f"the graph's two segments were not given back: {s}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_shared_pool_use_counts_and_reuse_across_captures(kind):
+    """Two graphs sharing a pool (pool=g1.pool()): each capture adds a use, each graph's release drops one; the
+    second capture reuses what the first freed."""
+    pool = Pool(kind)
+    with capture(pool):
+        kept = pool.allocate(MiB, CAPTURE_STREAM)
+        temp = pool.allocate(16 * KiB, CAPTURE_STREAM)
+    pool.free(temp)  # a block of graph 1 freed after its capture
+    assert pool.pool_use_count(GRAPH_A) == 1
+    with capture(pool):
+        reused = pool.allocate(16 * KiB, CAPTURE_STREAM)
+    assert reused == temp, "[shared pool] the second capture did not reuse the first one's freed block"
+    assert pool.pool_use_count(GRAPH_A) == 2
+    pool.release_pool(GRAPH_A)
+    assert pool.pool_use_count(GRAPH_A) == 1
+    pool.free(kept)
+    pool.free(reused)
+    assert pool.stats()["graph_pools"] == 1, "a pool still used by a graph was given back"
+    pool.release_pool(GRAPH_A)
+    assert pool.pool_use_count(GRAPH_A) == 0
+    s = check_pool(pool, "all released", live={}, pending={})
+    assert s["graph_pools"] == s["reserved_bytes"] == 0, s
+    with pytest.raises(ValueError, match="no private pool"):
+        pool.release_pool(GRAPH_A)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_create_or_incref_pool_holds_a_pool_without_capture(kind):
+    pool = Pool(kind)
+    pool.create_or_incref_pool(GRAPH_B)
+    pool.create_or_incref_pool(GRAPH_B)
+    assert pool.pool_use_count(GRAPH_B) == 2 and pool.stats()["graph_pools"] == 1
+    pool.begin_allocate_to_pool(GRAPH_B, [OTHER_STREAM])  # torch.cuda.use_mem_pool: routing without a capture
+    a = pool.allocate(100, OTHER_STREAM)
+    pool.end_allocate_to_pool(GRAPH_B)
+    assert segment_pool(pool, a) == GRAPH_B and pool.pool_use_count(GRAPH_B) == 3
+    pool.free(a)
+    for _ in range(3):
+        pool.release_pool(GRAPH_B)
+    assert pool.stats()["graph_pools"] == 0 and pool.stats()["reserved_bytes"] == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_record_stream_during_capture_defers_its_events(kind):
+    """A block used on another stream and freed during the capture is not reused in it, and its events are recorded
+    only after the capture (an event recorded on a capturing stream could never be queried)."""
+    pool = Pool(kind)
+    with capture(pool):
+        graph_block = pool.allocate(4 * KiB, CAPTURE_STREAM)
+        pool.record_stream(graph_block, 33)
+        pool.free(graph_block)
+        other = pool.allocate(4 * KiB, CAPTURE_STREAM)
+        assert other != graph_block, "[record_stream in capture] block reused before its other stream was done"
+        device_block = pool.allocate(4 * KiB, OTHER_STREAM)
+        pool.record_stream(device_block, 33)
+        pool.free(device_block)
+        s = check_pool(pool, "in capture", capture_underway=True)
+        assert s["pending_free_bytes"] == 8 * KiB, s
+    s = pool.stats()  # the first call after the capture records the events
+    assert s["pending_free_bytes"] == 8 * KiB, s
+    pool.complete_events()
+    s = check_pool(pool, "after the events")
+    assert s["pending_free_bytes"] == 0, s
+    pool.free(other)
+    pool.release_pool(GRAPH_A)
+    check_everything_free(pool, "end")
+
+
+def test_device_pool_merges_across_streams_only_after_the_capture():
+    pool = Pool("best_fit")
+    a = pool.allocate(4 * KiB, 1)
+    b = pool.allocate(4 * KiB, 2)  # the rest of stream 1's segment, through an event wait
+    assert segment_pool(pool, a) == segment_pool(pool, b) == DEVICE_POOL and len(pool.snapshot()) == 1
+    waits = len(pool.waits())
+    with capture(pool):
+        pool.free(a)
+        pool.free(b)
+        c = pool.allocate(4 * KiB, 3)  # not capturing: the device pool, but no free block of another stream
+        assert segment_pool(pool, c) == DEVICE_POOL and c not in (a, b), "[capture] took another stream's block"
+        (seg,) = [s for s in pool.snapshot() if s.address <= a < s.address + s.size]
+        assert [blk.in_use for blk in seg.blocks] == [False, False], f"streams merged during the capture: {seg}"
+        check_pool(pool, "in capture", capture_underway=True)
+    assert len(pool.waits()) == waits, "an event wait was issued during the capture"
+    pool.free(c)
+    check_everything_free(pool, "after the capture")  # stats() merged them
+
+
+def test_oom_during_capture_fails_at_once_and_the_pool_recovers():
+    pool = Pool("best_fit", capacity=8 * MiB)
+    cached = pool.allocate(6 * MiB, OTHER_STREAM)
+    pool.free(cached)  # 6 MiB cached in the device pool, free
+    with capture(pool):
+        with pytest.raises(torch.OutOfMemoryError, match="during CUDA graph capture"):
+            pool.allocate(4 * MiB, CAPTURE_STREAM)  # would need the cached segment released: not during capture
+        s = pool.stats()
+        assert s["ooms"] == 1 and s["oom_retries"] == 0 and s["device_frees"] == 0, s
+    a = pool.allocate(4 * MiB, CAPTURE_STREAM)  # after the capture the cache goes back and the request succeeds
+    pool.free(a)
+    pool.release_pool(GRAPH_A)
+    check_everything_free(pool, "end")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_pool_released_during_another_capture_goes_back_after_it(kind):
+    pool = Pool(kind)
+    with capture(pool, GRAPH_A):
+        pool.allocate(2 * KiB, CAPTURE_STREAM)  # kept by the graph until release (never freed by the test)
+    with capture(pool, GRAPH_B, streams=(OTHER_STREAM,)):
+        b = pool.allocate(2 * KiB, OTHER_STREAM)
+        pool.release_pool(GRAPH_A)  # graph A destroyed mid-capture: no cudaFree now (the backend would raise)
+        assert pool.stats()["graph_pools"] == 2
+    # Graph A's block is still live (its owner never freed it), so its pool stays; graph B's goes once released.
+    pool.free(b)
+    pool.release_pool(GRAPH_B)
+    s = pool.stats()
+    assert s["graph_pools"] == 1 and pool.pool_use_count(GRAPH_A) == 0, s
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_pool_released_during_a_capture_with_nothing_live_goes_back_after_it(kind):
+    pool = Pool(kind)
+    with capture(pool, GRAPH_A):
+        a = pool.allocate(2 * KiB, CAPTURE_STREAM)
+    pool.free(a)
+    with capture(pool, GRAPH_B, streams=(OTHER_STREAM,)):
+        pool.release_pool(GRAPH_A)
+        assert pool.stats()["graph_pools"] == 2, "a pool went back to the device during a capture"
+    s = pool.stats()
+    assert s["graph_pools"] == 1 and pool.pool_use_count(GRAPH_B) == 1, s
+    pool.release_pool(GRAPH_B)
+    s = pool.stats()
+    assert s["graph_pools"] == s["reserved_bytes"] == 0, s
+
+
+@pytest.mark.parametrize(
+    "call, exception, words",
+    [
+        (lambda p: p.begin_allocate_to_pool(DEVICE_POOL, [1]), ValueError, "names the device pool"),
+        (lambda p: p.create_or_incref_pool((0, 0)), ValueError, "names the device pool"),
+        (lambda p: p.end_allocate_to_pool(GRAPH_A), ValueError, "no allocations go to private pool (1, 0)"),
+        (lambda p: p.release_pool(GRAPH_B), ValueError, "no private pool (0, 2)"),
+        (lambda p: p.begin_allocate_to_pool(GRAPH_A, 7), TypeError, "`streams` must be a list"),
+        (lambda p: p.begin_allocate_to_pool(5, [1]), TypeError, "`pool` must be a pair of ints"),
+        (lambda p: p.pool_use_count((1, -1)), ValueError, "`pool[1]` must be >= 0"),
+        (lambda p: p.release_pool(("a", 1)), TypeError, "`pool[0]` must be an int"),
+        (lambda p: p.set_capture_underway(1), TypeError, "`underway` must be a bool"),
+    ],
+)
+def test_bad_private_pool_calls_raise(call, exception, words):
+    pool = Pool()
+    with pytest.raises(exception) as info:
+        call(pool)
+    assert words in str(info.value), str(info.value)
+
+
+def test_beginning_the_same_capture_twice_raises():
+    pool = Pool()
+    pool.begin_allocate_to_pool(GRAPH_A, [1])
+    with pytest.raises(ValueError, match=r"already go to private pool \(1, 0\)"):
+        pool.begin_allocate_to_pool(GRAPH_A, [2])
+    pool.end_allocate_to_pool(GRAPH_A)
+    assert pool.pool_use_count(GRAPH_A) == 1
+
+
+def test_the_host_backend_refuses_forbidden_calls_during_capture():
+    """The harness itself: a pool that does not know of the capture releases memory in empty_cache, and the
+    simulated device raises; told of it (begin_allocate_to_pool), the pool releases nothing."""
+    pool = Pool()
+    pool.free(pool.allocate(1000))
+    pool.set_capture_underway(True)
+    with pytest.raises(RuntimeError, match=r"release \(cudaFree\) during CUDA graph capture"):
+        pool.empty_cache()
+    pool.set_capture_underway(False)
+    pool = Pool()  # the failed release left that one half-way
+    pool.free(pool.allocate(1000))
+    with capture(pool):
+        assert pool.empty_cache() == 0, "empty_cache during a capture must release nothing"
+    assert pool.empty_cache() == SMALL_SEGMENT
+
+
+class CaptureModel(Model):
+    """Model with captures. During a capture the pool queries no events, so blocks whose events complete stay pending
+    until the capture ends; a block freed after record_stream during a capture gets its events only after it, so
+    complete_events() cannot complete it before."""
+
+    def __init__(self, pool: Pool, rng: random.Random):
+        super().__init__(pool, rng)
+        self.deferred: set[int] = set()  # freed during the capture, events not recorded yet
+        self.completed: set[int] = set()  # events completed during the capture, not seen by the pool yet
+        self.capturing = False
+
+    def free(self, address: int) -> None:
+        used = bool(self.live[address].used_on)
+        super().free(address)
+        if used and self.capturing:
+            self.deferred.add(address)
+
+    def complete_events(self) -> None:
+        self.pool.complete_events()
+        if self.capturing:
+            self.completed |= set(self.pending) - self.deferred
+        else:
+            self.pool.stats()  # the pool sees them now, before a capture could begin
+            self.pending = {a: n for a, n in self.pending.items() if a in self.deferred}
+
+    def capture_ended(self) -> None:
+        self.capturing = False
+        self.pool.stats()  # queries the events and records the deferred ones
+        self.pending = {a: n for a, n in self.pending.items() if a not in self.completed}
+        self.completed.clear()
+        self.deferred.clear()
+
+    def check(self, what: str) -> dict:
+        return check_pool(self.pool, what, self.live, self.pending, capture_underway=self.capturing)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("kind", KINDS)
+def test_random_workload_with_captures_keeps_invariants(kind, seed):
+    """Random allocations, frees and record_stream on capturing and other streams, with captures into two private
+    pools beginning, ending and being released at random: the invariants hold, each block comes from the pool its
+    stream was routed to, no forbidden call is made during a capture, and everything goes back in the end."""
+    rng = random.Random(seed)
+    pool = Pool(kind)
+    model = CaptureModel(pool, rng)
+    graphs = {GRAPH_A: 101, GRAPH_B: 102}  # pool id -> its capture stream
+    streams = (*STREAM_IDS, *graphs.values())
+    capturing: set = set()
+    uses = dict.fromkeys(graphs, 0)
+    expected_pool: dict[int, tuple[int, int]] = {}
+    try:
+        run_captures(pool, model, rng, graphs, streams, capturing, uses, expected_pool)
+    finally:
+        pool.set_capture_underway(False)  # a failed check must not leave a pool that cannot be destroyed
+    for graph in list(capturing):
+        pool.end_allocate_to_pool(graph)
+    model.capture_ended()
+    model.free_all()
+    for graph, n in uses.items():
+        for _ in range(n):
+            pool.release_pool(graph)
+    s = model.check("all freed and released")
+    assert s["graph_pools"] == s["graph_pool_bytes"] == 0, s
+    check_everything_free(pool, "end")
+
+
+def run_captures(pool, model, rng, graphs, streams, capturing, uses, expected_pool) -> None:
+    for step in range(500):
+        r = rng.random()
+        if r < 0.05:
+            graph = rng.choice(list(graphs))
+            if graph in capturing:
+                capturing.discard(graph)
+                pool.set_capture_underway(bool(capturing))
+                pool.end_allocate_to_pool(graph)
+                if not capturing:
+                    model.capture_ended()
+            else:
+                pool.begin_allocate_to_pool(graph, [graphs[graph]])
+                capturing.add(graph)
+                uses[graph] += 1
+                model.capturing = True
+                pool.set_capture_underway(True)
+            assert pool.pool_use_count(graph) == uses[graph], f"step {step}: use count of {graph}"
+        elif r < 0.07:
+            held = [g for g, n in uses.items() if n > 0 and g not in capturing]
+            if held:
+                graph = rng.choice(held)
+                pool.release_pool(graph)
+                uses[graph] -= 1
+        elif r < 0.5:
+            stream = rng.choice(streams)
+            size = min(random_size(rng), 8 * MiB)
+            address = model.allocate(size, stream)
+            if size:
+                routed = [g for g in capturing if graphs[g] == stream]
+                expected_pool[address] = routed[0] if routed else DEVICE_POOL
+                assert segment_pool(pool, address) == expected_pool[address], (
+                    f"step {step}: a request on stream {stream} came from the wrong pool"
+                )
+        elif r < 0.85 and model.live:
+            model.free(rng.choice(list(model.live)))
+        elif r < 0.92 and model.live:
+            model.record_stream(rng.choice(list(model.live)), rng.choice(streams))
+        else:
+            model.complete_events()
+        if step % 25 == 0:
+            model.check(f"step {step}")

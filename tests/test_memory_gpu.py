@@ -1,7 +1,8 @@
 """The memory pool on a GPU: PyTorch running on it (each such test in a subprocess of its own, since the allocator
 is chosen once per process), stream ordering that would catch premature reuse, out of memory and recovery, leaks,
-a ResNet-18 training step with cudnn.benchmark, CUDA graph capture refused cleanly, and the multi-threaded stress
-test (tests/pool_stress.cu). Host-backend tests of the policies are in test_memory.py."""
+a ResNet-18 training step with cudnn.benchmark, CUDA graphs on the pool (torch.cuda.graph, make_graphed_callables,
+GraphedTrainStep, a pool shared by two graphs, memory reused across replays and given back with the graph), and the
+multi-threaded stress test (tests/pool_stress.cu). Host-backend tests of the policies are in test_memory.py."""
 
 import json
 import os
@@ -284,25 +285,260 @@ def test_resnet18_training_step_with_cudnn_benchmark():
     assert r["peak_allocated"] > 0 and r["max_alloc"] == r["peak_allocated"]
 
 
-def test_cuda_graph_capture_is_refused_clearly():
+def test_cuda_graph_training_step_on_the_pool_matches_eager_and_reuses_its_memory():
+    """The whole-network example of PyTorch's CUDA graph docs on the pool: 20 replays give eager's losses and weights,
+    the graph's memory comes from one private pool, and replays allocate nothing (reserved memory does not grow)."""
+    r = run_child(
+        """
+        import copy
+        memory.enable_pool()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).cuda()
+        loss_fn = torch.nn.CrossEntropyLoss()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # no state: the eager copy needs only the weights
+        static_x = torch.randn(32, 64, device="cuda")
+        static_y = torch.randint(0, 10, (32,), device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                optimizer.zero_grad(set_to_none=True)
+                loss_fn(model(static_x), static_y).backward()
+                optimizer.step()
+        torch.cuda.current_stream().wait_stream(side)
+        eager = copy.deepcopy(model)
+        eager_optimizer = torch.optim.SGD(eager.parameters(), lr=0.1)
+        before_capture = memory.stats()
+        g = torch.cuda.CUDAGraph()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.graph(g):
+            static_loss = loss_fn(model(static_x), static_y)
+            static_loss.backward()
+            optimizer.step()
+        captured = memory.stats()
+        losses, eager_losses, reserved = [], [], []
+        for i in range(20):
+            x = torch.randn(32, 64, device="cuda")
+            y = torch.randint(0, 10, (32,), device="cuda")
+            static_x.copy_(x)
+            static_y.copy_(y)
+            g.replay()
+            losses.append(static_loss.item())
+            eager_optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(eager(x), y)
+            loss.backward()
+            eager_optimizer.step()
+            eager_losses.append(loss.item())
+            del x, y, loss
+            reserved.append(torch.cuda.memory_reserved())
+        weight_error = max((p - q).abs().max().item() for p, q in zip(model.parameters(), eager.parameters()))
+        s = memory.stats()
+        print(json.dumps({"losses": losses, "eager_losses": eager_losses, "reserved": reserved,
+                          "weight_error": weight_error, "graph_pools": captured["graph_pools"],
+                          "graph_pool_bytes": captured["graph_pool_bytes"],
+                          "graph_pools_before": before_capture["graph_pools"],
+                          "torch_allocated": torch.cuda.memory_allocated(), "allocated": s["allocated_bytes"],
+                          "torch_reserved": torch.cuda.memory_reserved(), "reserved_now": s["reserved_bytes"]}))
+        """
+    )
+    assert r["graph_pools_before"] == 0 and r["graph_pools"] == 1 and r["graph_pool_bytes"] > 0, r
+    for i, (a, b) in enumerate(zip(r["losses"], r["eager_losses"], strict=True)):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-5), f"[replay {i} loss] graph {a} vs eager {b}"
+    assert r["weight_error"] < 1e-4, f"[weights after 20 steps] graph vs eager differ by {r['weight_error']}"
+    assert max(r["reserved"]) == r["reserved"][0], f"[reserved over 20 replays] grew: {r['reserved']}"
+    assert r["torch_allocated"] == r["allocated"] and r["torch_reserved"] == r["reserved_now"], r
+
+
+def test_make_graphed_callables_on_the_pool_matches_eager():
+    r = run_child(
+        """
+        import copy
+        memory.enable_pool()
+        torch.manual_seed(0)
+        module = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).cuda()
+        reference = copy.deepcopy(module)
+        graphed = torch.cuda.make_graphed_callables(module, (torch.randn(8, 16, device="cuda", requires_grad=True),))
+        errors = []
+        for i in range(5):
+            x = torch.randn(8, 16, device="cuda", requires_grad=True)
+            x_ref = x.detach().clone().requires_grad_()
+            module.zero_grad(set_to_none=True)
+            reference.zero_grad(set_to_none=True)
+            out = graphed(x)
+            (out * out).sum().backward()
+            out_ref = reference(x_ref)
+            (out_ref * out_ref).sum().backward()
+            pairs = [(out, out_ref), (x.grad, x_ref.grad)]
+            pairs += [(p.grad, q.grad) for p, q in zip(module.parameters(), reference.parameters())]
+            errors.append(max((a - b).abs().max().item() for a, b in pairs))
+        s = memory.stats()
+        print(json.dumps({"errors": errors, "graph_pools": s["graph_pools"],
+                          "graph_pool_bytes": s["graph_pool_bytes"]}))
+        """
+    )
+    assert max(r["errors"]) < 1e-5, f"[make_graphed_callables: output, input and weight grads] {r['errors']}"
+    assert r["graph_pools"] == 1 and r["graph_pool_bytes"] > 0, f"forward and backward graphs share one pool: {r}"
+
+
+def test_graphed_train_step_on_the_pool_matches_eager():
+    """torchext.graphs.GraphedTrainStep (what torchext-compare --cuda-graphs runs) with a torchext layer on the pool."""
+    r = run_child(
+        """
+        import copy
+        from torchext.graphs import GraphedTrainStep
+        memory.enable_pool()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 64), torchext.nn.GELU(),
+                                    torch.nn.Linear(64, 10)).cuda()
+        reference = copy.deepcopy(model)
+        criterion = torch.nn.CrossEntropyLoss()
+        lr = 0.05
+        optimizer = torch.optim.SGD(model.parameters(), lr=torch.tensor(lr, device="cuda"), momentum=0.9, fused=True)
+        reference_optimizer = torch.optim.SGD(reference.parameters(), lr=torch.tensor(lr, device="cuda"),
+                                              momentum=0.9, fused=True)
+        x0 = torch.randn(16, 3, 8, 8, device="cuda")
+        y0 = torch.randint(0, 10, (16,), device="cuda")
+        step = GraphedTrainStep(model, criterion, optimizer, x0, y0)
+        losses, eager_losses = [], []
+        for i in range(8):
+            x = torch.randn(16, 3, 8, 8, device="cuda")
+            y = torch.randint(0, 10, (16,), device="cuda")
+            losses.append(step(x, y).item())
+            reference_optimizer.zero_grad(set_to_none=True)
+            loss = criterion(reference(x), y)
+            loss.backward()
+            reference_optimizer.step()
+            eager_losses.append(loss.item())
+        weight_error = max((p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))
+        s = memory.stats()
+        print(json.dumps({"losses": losses, "eager_losses": eager_losses, "weight_error": weight_error,
+                          "graph_pools": s["graph_pools"]}))
+        """
+    )
+    for i, (a, b) in enumerate(zip(r["losses"], r["eager_losses"], strict=True)):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-5), f"[GraphedTrainStep step {i} loss] graph {a} vs eager {b}"
+    assert r["weight_error"] < 1e-4, f"[weights after 8 steps] graph vs eager differ by {r['weight_error']}"
+    assert r["graph_pools"] == 1, r
+
+
+def test_two_graphs_share_a_pool_and_releasing_them_gives_it_back():
+    """g2 captured into g1's pool (pool=g1.pool()) reads g1's outputs; replayed in capture order both stay right.
+    The pool lives while either graph or one of its tensors does, and then goes back to the device."""
+    r = run_child(
+        """
+        import gc
+        memory.enable_pool()
+        x = torch.randn(1 << 16, device="cuda")
+        def reference(v):
+            a = v * 2
+            y1 = (a + 1).sin()
+            return a, y1, y1 * 3 + a
+        g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g1):
+            a = x * 2
+            t = a + 1  # a temporary, freed during the capture
+            y1 = t.sin()
+            del t
+        with torch.cuda.graph(g2, pool=g1.pool()):
+            y2 = y1 * 3 + a
+        torch.cuda.synchronize()
+        shared = memory.stats()
+        errors = []
+        for i in range(10):
+            x.copy_(torch.randn(1 << 16, device="cuda"))
+            g1.replay()
+            g2.replay()
+            errors.append(max((u - v).abs().max().item() for u, v in zip((a, y1, y2), reference(x))))
+        torch.cuda.synchronize()
+        after_replays = memory.stats()
+        del g1
+        gc.collect()
+        g2.replay()
+        errors.append((y2 - reference(x)[2]).abs().max().item())
+        one_graph = memory.stats()
+        g2.reset()
+        del g2
+        gc.collect()
+        graphs_gone = memory.stats()
+        del a, y1, y2
+        gc.collect()
+        torch.cuda.synchronize()
+        tensors_gone = memory.stats()
+        print(json.dumps({"errors": errors, "shared": shared, "after_replays": after_replays,
+                          "one_graph": one_graph, "graphs_gone": graphs_gone, "tensors_gone": tensors_gone}))
+        """
+    )
+    assert max(r["errors"]) < 1e-5, f"[shared pool replays vs eager] {r['errors']}"
+    shared, gone = r["shared"], r["tensors_gone"]
+    assert shared["graph_pools"] == 1 and shared["graph_pool_bytes"] > 0, f"two graphs, one pool: {shared}"
+    assert r["after_replays"]["graph_pool_bytes"] == shared["graph_pool_bytes"], "replays grew the graphs' pool"
+    assert r["one_graph"]["graph_pools"] == 1, "the pool went away while g2 still uses it"
+    assert r["graphs_gone"]["graph_pools"] == 1, "the pool went away while its tensors are alive"
+    assert gone["graph_pools"] == 0 and gone["graph_pool_bytes"] == 0, f"the pool was not given back: {gone}"
+    held = r["graphs_gone"]  # only frees since: the device pool's segments stay, the private pool's go
+    assert gone["reserved_bytes"] == held["reserved_bytes"] - held["graph_pool_bytes"], (held, gone)
+
+
+def test_graph_memory_is_given_back_when_the_graph_and_its_outputs_are_gone():
+    r = run_child(
+        """
+        import gc
+        memory.enable_pool()
+        x = torch.randn(1 << 20, device="cuda")
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = (x * 2).relu() + x.exp()
+        g.replay()
+        ok = bool(torch.allclose(y, (x * 2).relu() + x.exp()))
+        torch.cuda.synchronize()
+        held = memory.stats()  # from here on only frees: the device pool's segments stay
+        g.reset()
+        gc.collect()
+        reset = memory.stats()
+        del y
+        gc.collect()
+        freed = memory.stats()
+        print(json.dumps({"held": held, "reset": reset, "freed": freed, "ok": ok}))
+        """
+    )
+    held, reset, freed = r["held"], r["reset"], r["freed"]
+    assert r["ok"], "the graph's output is wrong"
+    assert held["graph_pools"] == 1 and held["graph_pool_bytes"] >= 4 << 20, held
+    assert reset["graph_pools"] == 1, "the output is alive: the pool must stay"
+    assert freed["graph_pools"] == 0 and freed["graph_pool_bytes"] == 0, freed
+    assert freed["reserved_bytes"] == held["reserved_bytes"] - held["graph_pool_bytes"], (held, freed)
+
+
+def test_capture_with_record_stream_and_a_side_stream_on_the_pool():
+    """Work forked to a second stream inside the capture, a tensor used there and freed (record_stream): the capture
+    succeeds, replays are right, and the block's events are recorded only after the capture."""
     r = run_child(
         """
         memory.enable_pool()
-        x = torch.randn(100, device="cuda")
+        x = torch.randn(1 << 16, device="cuda")
+        side = torch.cuda.Stream()
         g = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(g):
-                y = x * 2
-            out = {"raised": False}
-        except RuntimeError as e:
-            out = {"raised": True, "message": str(e)}
-        out["eager_after"] = float((x * 2 - 2 * x).abs().max().item())
-        print(json.dumps(out))
+        with torch.cuda.graph(g):
+            t = x * 2
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                u = t + 1
+            t.record_stream(side)
+            del t
+            torch.cuda.current_stream().wait_stream(side)
+            y = u.cos()
+        errors = []
+        for _ in range(5):
+            x.copy_(torch.randn(1 << 16, device="cuda"))
+            g.replay()
+            errors.append((y - (x * 2 + 1).cos()).abs().max().item())
+        torch.cuda.synchronize()
+        s = memory.stats()
+        print(json.dumps({"errors": errors, "pending": s["pending_free_bytes"], "graph_pools": s["graph_pools"]}))
         """
     )
-    assert r["raised"], "capturing a CUDA graph on the pool must raise"
-    assert "CUDA graph capture is not supported" in r["message"], r["message"]
-    assert r["eager_after"] == 0.0
+    assert max(r["errors"]) < 1e-5, r["errors"]
+    assert r["graph_pools"] == 1 and r["pending"] == 0, r
 
 
 @pytest.mark.skipif(not hasattr(torch.cuda, "MemPool"), reason="torch.cuda.MemPool is not in this torch")
@@ -380,6 +616,7 @@ def test_stress(stress_binary, kind):
 @pytest.mark.parametrize("kind", ["best_fit", "pow2"])
 def test_stress_every_method(stress_binary, kind):
     """4 threads x 4 streams, 20000 allocations each up to 64 MiB, and 10% of the calls to every other public method
-    of the pool (record_stream, block_size, stats, snapshot, empty_cache, reset_peak_stats, last_error, kind)."""
+    of the pool (record_stream, block_size, stats, snapshot, empty_cache, reset_peak_stats, last_error, kind, routing
+    to private pools)."""
     r = run_stress(stress_binary, kind, "4", "4", "20000", str(64 << 20), "100")
     assert r["calls"] and all(r["calls"].values()), f"methods never called: {r['calls']}"

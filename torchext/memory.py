@@ -20,7 +20,14 @@ on the GPU or on host memory (for tests and experiments on machines without a GP
 With the pool enabled, ``torch.cuda.memory_allocated()``, ``memory_reserved()``, ``max_memory_allocated()``,
 ``max_memory_reserved()``, ``reset_peak_memory_stats()``, ``memory_stats()`` (the ``*.all.*`` keys) and
 ``empty_cache()`` report on and act on the pool. ``torch.cuda.memory_snapshot()`` and ``memory_summary()`` do not
-(PyTorch raises there); use :func:`stats` and :meth:`Pool.snapshot`. CUDA graph capture is refused with an error.
+(PyTorch raises there); use :func:`stats` and :meth:`Pool.snapshot`.
+
+CUDA graphs work on the pool as on PyTorch's allocator (``torch.cuda.graph``, ``make_graphed_callables``,
+``torchext.graphs.GraphedTrainStep``, ``pool=other_graph.pool()``): what a graph allocates during capture comes
+from a private pool of its own, reused within the capture, kept (and reused by later captures into the same pool)
+between replays, and given back to the device when the last graph holding the pool is gone and its last tensor
+freed. :func:`stats` counts the private pools in every figure and reports them as ``graph_pools`` and
+``graph_pool_bytes``.
 """
 
 from __future__ import annotations
@@ -71,6 +78,7 @@ class Segment:
     size: int
     small: bool
     blocks: tuple[Block, ...]  # in address order, covering the segment exactly
+    pool: tuple[int, int] = (0, 0)  # the CUDA graph private pool it belongs to; (0, 0): the device pool
 
 
 def _convert_stats(raw) -> dict:
@@ -101,6 +109,14 @@ def _str_arg(value, name: str, where: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"torchext.memory.{where}: `{name}` must be a str, got {_describe(value)}")
     return value
+
+
+def _pool_id(pool, where: str) -> tuple[int, int]:
+    """A private pool id (PyTorch's MempoolId_t: ``CUDAGraph.pool()``, ``torch.cuda.graph_pool_handle()``) as two
+    ints."""
+    if isinstance(pool, (str, bytes)) or not hasattr(pool, "__len__") or len(pool) != 2:
+        raise TypeError(f"torchext.memory.{where}: `pool` must be a pair of ints, got {_describe(pool)}")
+    return _int_arg(pool[0], "pool[0]", where), _int_arg(pool[1], "pool[1]", where)
 
 
 def _stream_id(stream, where: str) -> int:
@@ -192,12 +208,12 @@ class Pool:
         flat = self._pool.snapshot()
         segments: list[Segment] = []
         blocks: list[Block] = []
-        for i in range(0, len(flat), 7):
-            seg_addr, seg_size, small, addr, size, stream, in_use = flat[i : i + 7]
+        for i in range(0, len(flat), 9):
+            seg_addr, seg_size, small, addr, size, stream, in_use, pool_a, pool_b = flat[i : i + 9]
             blocks.append(Block(addr, size, stream, bool(in_use)))
-            last_of_segment = i + 7 >= len(flat) or flat[i + 7] != seg_addr
+            last_of_segment = i + 9 >= len(flat) or flat[i + 9] != seg_addr
             if last_of_segment:
-                segments.append(Segment(seg_addr, seg_size, bool(small), tuple(blocks)))
+                segments.append(Segment(seg_addr, seg_size, bool(small), tuple(blocks), (pool_a, pool_b)))
                 blocks = []
         return segments
 
@@ -216,7 +232,41 @@ class Pool:
             _stream_id(stream, where),
         )
 
+    # CUDA graphs' private pools. PyTorch drives these on the device pool (through torch.cuda.graph); here they are
+    # for tests and experiments, where the `streams` list stands in for "the streams capturing into this graph".
+    def begin_allocate_to_pool(self, pool, streams) -> None:
+        """Requests on the given streams go to private pool ``pool`` (a pair of ints, not (0, 0); made if new, one
+        use more) until :meth:`end_allocate_to_pool`. Raises ValueError if allocations already go to ``pool``."""
+        where = "Pool.begin_allocate_to_pool"
+        if not isinstance(streams, (list, tuple, set, frozenset)):
+            raise TypeError(f"torchext.memory.{where}: `streams` must be a list of streams, got {_describe(streams)}")
+        self._pool.begin_allocate_to_pool(*_pool_id(pool, where), [_stream_id(s, where) for s in streams])
+
+    def end_allocate_to_pool(self, pool) -> None:
+        self._pool.end_allocate_to_pool(*_pool_id(pool, "Pool.end_allocate_to_pool"))
+
+    def release_pool(self, pool) -> None:
+        """One use of private pool ``pool`` less; with none left, its memory goes back to the device once its last
+        block is freed. Raises ValueError for a pool that is not held."""
+        self._pool.release_pool(*_pool_id(pool, "Pool.release_pool"))
+
+    def create_or_incref_pool(self, pool) -> None:
+        self._pool.create_or_incref_pool(*_pool_id(pool, "Pool.create_or_incref_pool"))
+
+    def pool_use_count(self, pool) -> int:
+        """The uses of private pool ``pool`` (0 if there is none)."""
+        return self._pool.pool_use_count(*_pool_id(pool, "Pool.pool_use_count"))
+
     # Host backend only.
+    def set_capture_underway(self, underway: bool) -> None:
+        """Host backend: while True, the simulated device is capturing a CUDA graph, and an event record, query or
+        wait, a synchronization or a release of memory raises (each would break a real capture)."""
+        if not isinstance(underway, bool):
+            raise TypeError(
+                f"torchext.memory.Pool.set_capture_underway: `underway` must be a bool, got {_describe(underway)}"
+            )
+        self._pool.set_capture_underway(underway)
+
     def complete_events(self) -> None:
         """Host backend: the simulated device finishes all work queued so far."""
         self._pool.complete_events()
@@ -342,7 +392,9 @@ def stats(device=None) -> dict:
     """The statistics of a device's pool: bytes allocated, requested and reserved (current and ``*_peak``),
     active blocks, allocations, cache hits, segments, device allocations and frees (``cudaMalloc``/``cudaFree``
     calls), cross-stream reuses, bytes waiting on other streams, the largest free block, free bytes, the
-    fragmentation figure (1 - largest free block / free bytes), out-of-memory retries and failures."""
+    fragmentation figure (1 - largest free block / free bytes), out-of-memory retries and failures, and the CUDA
+    graphs' private pools held (``graph_pools``) with the bytes reserved in them (``graph_pool_bytes``, part of
+    ``reserved_bytes``)."""
     return _device_pool(device, "stats").stats()
 
 
