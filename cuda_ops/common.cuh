@@ -9,19 +9,9 @@
 #include <atomic>
 #include <cstdint>
 
-namespace torchext::cuda_ops {
+#include "acc_type.h"  // AccType, acc_t
 
-// Half types compute and accumulate in float32; float64 stays float64.
-template <typename T>
-struct AccType {
-  using type = float;
-};
-template <>
-struct AccType<double> {
-  using type = double;
-};
-template <typename T>
-using acc_t = typename AccType<T>::type;
+namespace torchext::cuda_ops {
 
 template <typename T>
 __device__ __forceinline__ acc_t<T> to_acc(T v) {

@@ -21,7 +21,10 @@
 
 #include <cstddef>
 
-#include "common.cuh"
+#include "acc_type.h"  // acc_t; plain C++, so csrc/conv2d_cuda.cpp (host compiler) can include this header
+#ifdef __CUDACC__
+#include "common.cuh"  // the device helpers, for the .cu files that reach them through this header
+#endif
 #include "conv2d_args.h"
 
 namespace torchext::cuda_ops {

@@ -1,0 +1,235 @@
+"""Every version of the CUDA convolution ladder (cuda_ops/conv2d*.cu) on the GPU, pass by pass: forward (bias, relu),
+the input's and the weight's gradients, the bias gradient and conv2d_stats, against float64 references
+(torch.nn.functional.conv2d and torch.autograd.grad), in four dtypes, NCHW and channels-last, awkward shapes
+(odd sizes, 3 / 5 channels, stride 2 on odd sizes, 1x1, 7x7 stride 2, dilation, groups) and a few ResNet-18 layers
+in bf16. Outputs start poisoned (NaN), results must be the same bits on a second run, strides must follow
+csrc/conv2d.h's layout rule, and a named variant that cannot run the arguments must say so with a ValueError
+('does not support'); variant=None must always work."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import HAS_CUDA, assert_accurate, poison_allocator
+
+import torchext  # noqa: F401  (registers the ops)
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
+
+VARIANTS = (None, "direct", "im2col", "implicit_mma")
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+LAYOUTS = ("nchw", "nhwc")
+
+# (N, C, H, W, K, R, S, stride, padding, dilation, groups)
+SHAPES = [
+    (3, 3, 5, 7, 8, 3, 3, 1, 1, 1, 1),  # 3-channel stem, odd sizes
+    (2, 5, 7, 5, 6, 3, 3, 2, 1, 1, 1),  # 5 channels, stride 2 on odd sizes
+    (3, 8, 6, 6, 16, 1, 1, 1, 0, 1, 1),  # 1x1
+    (2, 16, 9, 9, 8, 1, 1, 2, 0, 1, 1),  # 1x1 stride 2
+    (2, 3, 15, 13, 16, 7, 7, 2, 3, 1, 1),  # 7x7 stride 2 padding 3 (the ResNet stem)
+    (2, 8, 9, 9, 8, 3, 3, 1, 2, 2, 1),  # dilation 2
+    (2, 16, 6, 6, 8, 3, 3, 1, 1, 1, 2),  # groups 2
+    (1, 16, 5, 7, 24, 3, 1, (2, 1), (1, 0), 1, 1),  # asymmetric kernel, stride and padding
+]
+RESNET_SHAPES = [
+    (8, 64, 32, 32, 64, 3, 3, 1, 1, 1, 1),
+    (8, 128, 16, 16, 256, 3, 3, 2, 1, 1, 1),
+    (8, 128, 16, 16, 256, 1, 1, 2, 0, 1, 1),
+]
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    """float32 in full precision on both sides (torch's convolutions and ours read the same flag)."""
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = old
+
+
+def _name(v):
+    return str(v).split(".")[-1]
+
+
+def _fmt(layout):
+    return torch.channels_last if layout == "nhwc" else torch.contiguous_format
+
+
+def _make(shape, dtype, layout):
+    n, c, h, w, k, r, s, stride, padding, dilation, groups = shape
+    gen = torch.Generator().manual_seed(hash(shape) % (2**31))
+
+    def rand(*size):
+        return (torch.rand(size, generator=gen, dtype=torch.float64) * 2 - 1).cuda()
+
+    fmt = _fmt(layout)
+    x64, w64, b64 = rand(n, c, h, w), rand(k, c // groups, r, s), rand(k)
+    x = x64.to(dtype).contiguous(memory_format=fmt)
+    wt = w64.to(dtype).contiguous(memory_format=fmt)
+    b = b64.to(dtype)
+    conv = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    out_shape = F.conv2d(x64, w64, None, **conv).shape
+    g = (torch.rand(out_shape, generator=gen, dtype=torch.float64).cuda() * 2 - 1).to(dtype)
+    g = g.contiguous(memory_format=fmt)
+    return x, wt, b, g, conv
+
+
+def _pair(v):
+    return list(v) if isinstance(v, tuple) else [v, v]
+
+
+def _call(fn, variant, what):
+    """fn(); None where a named variant refuses the arguments (the message must say so)."""
+    try:
+        return fn()
+    except ValueError as e:
+        assert variant is not None, f"[{what}] variant=None must always work, got: {e}"
+        assert "does not support" in str(e), f"[{what}] unexpected message: {e}"
+        return None
+
+
+def _must_support(variant, groups):
+    return variant in (None, "direct") or (variant == "im2col" and groups == 1)
+
+
+def _expected_strides(shape, fmt):
+    return torch.empty(shape, memory_format=fmt).stride()
+
+
+def _check_shape(shape, variant, dtype, layout, act):
+    x, w, b, g, conv = _make(shape, dtype, layout)
+    st, pad, dil, groups = _pair(conv["stride"]), _pair(conv["padding"]), _pair(conv["dilation"]), conv["groups"]
+    op = torch.ops.torchext
+    tag = f"{variant}-{_name(dtype)}-{layout}-{shape}"
+    fmt = _fmt(layout)
+
+    # float64 references and torch's own result in this dtype.
+    # The references see the same rounded inputs as ours; the backward is the convolution's alone (no relu).
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    z64 = F.conv2d(x64, w64, b64, **conv)
+    y64 = z64.relu() if act == "relu" else z64
+    gx64, gw64, gb64 = torch.autograd.grad(z64, (x64, w64, b64), g.double())
+    xt, wt_, bt = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    zt = F.conv2d(xt, wt_, bt, **conv)
+    yt = zt.relu() if act == "relu" else zt
+    gxt, gwt, gbt = torch.autograd.grad(zt, (xt, wt_, bt), g)
+
+    # forward
+    poison_allocator("cuda", yt)
+    y = _call(lambda: op.conv2d(x, w, b, st, pad, dil, groups, act, variant), variant, f"{tag} forward")
+    if y is None:
+        assert not _must_support(variant, groups), f"[{tag} forward] {variant} must support this"
+    else:
+        assert y.dtype == dtype and y.shape == yt.shape
+        assert y.stride() == _expected_strides(y.shape, fmt), f"[{tag} forward strides] {y.stride()}"
+        assert_accurate(y, yt, y64, f"{tag} forward")
+        y2 = op.conv2d(x, w, b, st, pad, dil, groups, act, variant)
+        assert torch.equal(y, y2), f"[{tag} forward] two runs differ"
+
+    # conv2d_stats (no activation): the statistics of the stored output
+    res = _call(lambda: op.conv2d_stats(x, w, b, st, pad, dil, groups, variant), variant, f"{tag} stats")
+    if res is not None:
+        out, s, sq = res
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        k = out.shape[1]
+        for t, name in ((s, "sum"), (sq, "sum_sq")):
+            assert t.dtype == acc and t.shape == (k,) and t.stride() == (1,), f"[{tag} {name}] {t.dtype} {t.stride()}"
+        o64 = out.double()
+        ref_s, ref_sq = o64.sum((0, 2, 3)), (o64 * o64).sum((0, 2, 3))
+        rel = 1e-10 if dtype == torch.float64 else 1e-4
+        scale = o64.abs().sum((0, 2, 3)) + 1
+        assert ((s.double() - ref_s).abs() <= rel * scale).all(), f"[{tag} stats sum]"
+        assert ((sq.double() - ref_sq).abs() <= rel * (ref_sq + 1)).all(), f"[{tag} stats sum_sq]"
+        assert_accurate(out, zt, z64, f"{tag} stats out")
+        out2, s2, sq2 = op.conv2d_stats(x, w, b, st, pad, dil, groups, variant)
+        assert torch.equal(out, out2) and torch.equal(s, s2) and torch.equal(sq, sq2), f"[{tag} stats] two runs differ"
+
+    # backward, one gradient at a time (a variant may take one pass and not another)
+    for i, (theirs, ref, like, what) in enumerate(
+        ((gxt, gx64, x, "grad_input"), (gwt, gw64, w, "grad_weight"), (gbt, gb64, b, "grad_bias"))
+    ):
+        mask = [j == i for j in range(3)]
+        poison_allocator("cuda", like)
+        res = _call(
+            lambda m=mask: op.conv2d_backward(g, x, w, st, pad, dil, groups, m, variant), variant, f"{tag} {what}"
+        )
+        if res is None:
+            assert not _must_support(variant, groups), f"[{tag} {what}] {variant} must support this"
+            continue
+        got = res[i]
+        for j in range(3):
+            if j != i:
+                assert res[j].numel() == 0, f"[{tag} {what}] output {j} not requested but not empty"
+        assert got.shape == like.shape and got.dtype == dtype
+        expect_fmt = fmt if i < 2 else torch.contiguous_format
+        assert got.stride() == _expected_strides(got.shape, expect_fmt), f"[{tag} {what} strides] {got.stride()}"
+        assert_accurate(got, theirs, ref, f"{tag} {what}")
+        again = op.conv2d_backward(g, x, w, st, pad, dil, groups, mask, variant)[i]
+        assert torch.equal(got, again), f"[{tag} {what}] two runs differ"
+
+
+def _params(shapes, dtypes):
+    out = []
+    for si, shape in enumerate(shapes):
+        for dtype in dtypes:
+            for layout in LAYOUTS:
+                for variant in VARIANTS:
+                    act = "relu" if si % 2 else "none"
+                    out.append(
+                        pytest.param(
+                            shape, variant, dtype, layout, act, id=f"{variant}-{_name(dtype)}-{layout}-s{si}-{act}"
+                        )
+                    )
+    return out
+
+
+@pytest.mark.parametrize("shape,variant,dtype,layout,act", _params(SHAPES, DTYPES))
+def test_conv2d_variant_small(shape, variant, dtype, layout, act):
+    _check_shape(shape, variant, dtype, layout, act)
+
+
+@pytest.mark.parametrize("shape,variant,dtype,layout,act", _params(RESNET_SHAPES, (torch.bfloat16,)))
+def test_conv2d_variant_resnet18_bf16(shape, variant, dtype, layout, act):
+    _check_shape(shape, variant, dtype, layout, act)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+@pytest.mark.parametrize("case", ["n0", "k0", "c0"])
+def test_conv2d_empty_sizes(variant, case):
+    n, c, k = {"n0": (0, 4, 8), "k0": (2, 4, 0), "c0": (2, 0, 8)}[case]
+    x = torch.rand(n, c, 5, 5, device="cuda")
+    w = torch.rand(k, c, 3, 3, device="cuda")
+    b = torch.rand(k, device="cuda")
+    op = torch.ops.torchext
+    y = _call(lambda: op.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], 1, "relu", variant), variant, case)
+    if y is not None:
+        assert y.shape == (n, k, 5, 5)
+        if c == 0:
+            torch.testing.assert_close(y, b.view(1, -1, 1, 1).relu().expand(n, k, 5, 5))
+    res = _call(lambda: op.conv2d_stats(x, w, b, [1, 1], [1, 1], [1, 1], 1, variant), variant, case)
+    if res is not None:
+        out, s, sq = res
+        torch.testing.assert_close(s.double(), out.double().sum((0, 2, 3)), rtol=1e-5, atol=1e-5)
+    g = torch.rand(n, k, 5, 5, device="cuda")
+    res = _call(
+        lambda: op.conv2d_backward(g, x, w, [1, 1], [1, 1], [1, 1], 1, [True, True, True], variant), variant, case
+    )
+    if res is not None:
+        gx, gw, gb = res
+        assert gx.shape == x.shape and gw.shape == w.shape and gb.shape == (k,)
+        if k == 0:
+            assert (gx == 0).all()
+        if n == 0:
+            assert (gw == 0).all() and (gb == 0).all()
+
+
+def test_conv2d_variant_names():
+    x = torch.rand(1, 4, 5, 5, device="cuda")
+    w = torch.rand(4, 4, 3, 3, device="cuda")
+    with pytest.raises(ValueError, match="'cpu' runs on CPU"):
+        torch.ops.torchext.conv2d(x, w, None, [1, 1], [0, 0], [1, 1], 1, "none", "cpu")
+    with pytest.raises(ValueError, match="'direct', 'im2col', 'implicit_mma'"):
+        torch.ops.torchext.conv2d(x, w, None, [1, 1], [0, 0], [1, 1], 1, "none", "winograd")
+    with pytest.raises(ValueError, match="does not support"):
+        torch.ops.torchext.conv2d(
+            x, torch.rand(4, 2, 3, 3, device="cuda"), None, [1, 1], [0, 0], [1, 1], 2, "none", "im2col"
+        )
