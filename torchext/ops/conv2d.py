@@ -178,10 +178,12 @@ def _(input, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), 
 @torch.library.register_fake("torchext::conv2d_backward")
 def _(grad_output, input, weight, stride, padding, dilation, groups, output_mask, variant=None):
     _check_fake("conv2d_backward", input, weight, None, stride, padding, dilation, groups)
-    empty = grad_output.new_empty((0,))
-    grad_input = _empty(grad_output, input.shape, _memory_format(input)) if output_mask[0] else empty
-    grad_weight = _empty(grad_output, weight.shape, _memory_format(weight)) if output_mask[1] else empty
-    grad_bias = grad_output.new_empty((weight.shape[0],)) if output_mask[2] else empty
+    # A result left out is a fresh empty tensor of its own (the real kernel's do not alias one another).
+    grad_input = _empty(grad_output, input.shape if output_mask[0] else (0,),
+                        _memory_format(input) if output_mask[0] else torch.contiguous_format)  # fmt: skip
+    grad_weight = _empty(grad_output, weight.shape if output_mask[1] else (0,),
+                         _memory_format(weight) if output_mask[1] else torch.contiguous_format)  # fmt: skip
+    grad_bias = grad_output.new_empty((weight.shape[0],) if output_mask[2] else (0,))
     return grad_input, grad_weight, grad_bias
 
 
