@@ -896,8 +896,8 @@ struct Conv2dOptions {
 // The saved input and weight: each only where the other's gradient is needed (the backward reads input for
 // grad_weight and weight for grad_input).
 void save_conv2d_operands(AutogradContext* ctx, const Tensor& input, const Tensor& weight, const Tensor& out) {
-  ctx->save_for_backward({weight.requires_grad() ? input : placeholder(input),
-                          input.requires_grad() ? weight : placeholder(weight), out});
+  ctx->save_for_backward(
+      {weight.requires_grad() ? input : placeholder(input), input.requires_grad() ? weight : placeholder(weight), out});
 }
 
 // The gradients of input, weight and bias from grad_z (the gradient of the pre-activation).
@@ -990,16 +990,15 @@ class Conv2dBackwardFunction : public torch::autograd::Function<Conv2dBackwardFu
                                const Tensor& weight, at::IntArrayRef stride, at::IntArrayRef padding,
                                at::IntArrayRef dilation, int64_t groups, std::array<bool, 3> mask,
                                std::optional<c10::string_view> variant) {
-    auto [grad_input, grad_weight, grad_bias] = call_below_autograd(
-        conv2d_backward_op(), grad_output, input, weight, stride, padding, dilation, groups, mask, variant);
+    auto [grad_input, grad_weight, grad_bias] = call_below_autograd(conv2d_backward_op(), grad_output, input, weight,
+                                                                    stride, padding, dilation, groups, mask, variant);
     ctx->set_materialize_grads(false);
     // grad_output for the input's and weight's derivatives, input and weight for grad_output's.
     const bool go_needed = grad_output.requires_grad();
-    ctx->save_for_backward({(input.requires_grad() && mask[1]) || (weight.requires_grad() && mask[0])
-                                ? grad_output
-                                : placeholder(grad_output),
-                            go_needed && mask[1] ? input : placeholder(input),
-                            go_needed && mask[0] ? weight : placeholder(weight)});
+    ctx->save_for_backward(
+        {(input.requires_grad() && mask[1]) || (weight.requires_grad() && mask[0]) ? grad_output
+                                                                                   : placeholder(grad_output),
+         go_needed && mask[1] ? input : placeholder(input), go_needed && mask[0] ? weight : placeholder(weight)});
     Conv2dOptions(stride, padding, dilation, groups, variant).save(ctx);
     ctx->saved_data["mask"] = int64_t{mask[0]} | int64_t{mask[1]} << 1 | int64_t{mask[2]} << 2;
     return {grad_input, grad_weight, grad_bias};
@@ -1094,10 +1093,9 @@ std::tuple<Tensor, Tensor, Tensor> conv2d_stats_autocast_cuda(const Tensor& inpu
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
   constexpr auto cuda = c10::DeviceType::CUDA;
   const at::ScalarType dtype = at::autocast::get_autocast_dtype(cuda);
-  return conv2d_stats_op().call(at::autocast::cached_cast(dtype, input, cuda),
-                                at::autocast::cached_cast(dtype, weight, cuda),
-                                at::autocast::cached_cast(dtype, bias, cuda), stride, padding, dilation, groups,
-                                variant);
+  return conv2d_stats_op().call(
+      at::autocast::cached_cast(dtype, input, cuda), at::autocast::cached_cast(dtype, weight, cuda),
+      at::autocast::cached_cast(dtype, bias, cuda), stride, padding, dilation, groups, variant);
 }
 
 }  // namespace

@@ -288,9 +288,9 @@ struct ForwardResult {
 
 // The shared part of conv2d and conv2d_stats: checks, the output in the layout rule's format, the forward pass.
 ForwardResult conv2d_forward(std::string_view op, const at::Tensor& input, const at::Tensor& weight,
-                                           const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
-                                           at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
-                                           MatmulActivation act, const std::optional<c10::string_view>& variant) {
+                             const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
+                             at::IntArrayRef dilation, int64_t groups, MatmulActivation act,
+                             const std::optional<c10::string_view>& variant) {
   const Conv2dParams p = check_conv2d_args(op, input, weight, bias, stride, padding, dilation, groups);
   check_cpu_variant(op, variant);
   const Conv2dShape sh = conv2d_shape(input, weight, p);
@@ -408,10 +408,12 @@ void backward_impl(const T* dy, const at::Tensor& input, const at::Tensor& w, co
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> conv2d_backward_cpu(
-    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
-    at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, std::array<bool, 3> output_mask,
-    std::optional<c10::string_view> variant) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> conv2d_backward_cpu(const at::Tensor& grad_output,
+                                                                   const at::Tensor& input, const at::Tensor& weight,
+                                                                   at::IntArrayRef stride, at::IntArrayRef padding,
+                                                                   at::IntArrayRef dilation, int64_t groups,
+                                                                   std::array<bool, 3> output_mask,
+                                                                   std::optional<c10::string_view> variant) {
   constexpr const char* op = "torchext::conv2d_backward";
   const Conv2dParams p = check_conv2d_backward_args(op, grad_output, input, weight, stride, padding, dilation, groups);
   check_cpu_variant(op, variant);

@@ -232,10 +232,16 @@ CASES = [
     ("raw.conv2d(img, cw, None, [1, 1], [0, 0], [1, 1], 1, 'silu', None)", "ValueError", ["`activation`", "silu"]),
     ("TF.conv2d(img, cw, kernel='fastest')", "ValueError", ["unknown variant", "fastest", "implicit_mma"]),
     ("TF.conv2d(img, cw, kernel='direct')", "ValueError", ["'direct'", "CUDA tensors"]),
-    ("raw.conv2d_backward(torch.randn(2, 6, 3, 4), img, cw, [1, 1], [0, 0], [1, 1], 1, [True, True, True])",
-     "ValueError", ["`grad_output`", "shape"]),  # fmt: skip
-    ("raw.conv2d_backward(torch.randn(2, 6, 3, 5).double(), img, cw, [1, 1], [0, 0], [1, 1], 1, [True] * 3)",
-     "TypeError", ["`grad_output`", "dtype"]),  # fmt: skip
+    (
+        "raw.conv2d_backward(torch.randn(2, 6, 3, 4), img, cw, [1, 1], [0, 0], [1, 1], 1, [True, True, True])",
+        "ValueError",
+        ["`grad_output`", "shape"],
+    ),
+    (
+        "raw.conv2d_backward(torch.randn(2, 6, 3, 5).double(), img, cw, [1, 1], [0, 0], [1, 1], 1, [True] * 3)",
+        "TypeError",
+        ["`grad_output`", "dtype"],
+    ),
     # --- CUDA: devices and targets (skipped without a GPU)
     ("TF.mse_loss(cx, y)", "RuntimeError", ["`target`", "device"]),
     ("TF.mse_loss(cx, cy, weight=w4)", "RuntimeError", ["`weight`", "device"]),

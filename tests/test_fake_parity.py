@@ -218,14 +218,20 @@ def _conv2d_operands(device, dtype):
         if len(shape) != 4 or shape[1] == 0:
             continue
         w_layout = "channels_last" if case == "contiguous" else "contiguous"
-        yield f"input {case}, weight {w_layout}", make_tensor(shape, dtype, device, layout), make_tensor(
-            (4, 3, 3, 2), dtype, device, w_layout
+        yield (
+            f"input {case}, weight {w_layout}",
+            make_tensor(shape, dtype, device, layout),
+            make_tensor((4, 3, 3, 2), dtype, device, w_layout),
         )
-    yield "input (2, 1, 4, 5), weight channels_last", make_tensor((2, 1, 4, 5), dtype, device), make_tensor(
-        (3, 1, 1, 1), dtype, device, "channels_last"
+    yield (
+        "input (2, 1, 4, 5), weight channels_last",
+        make_tensor((2, 1, 4, 5), dtype, device),
+        make_tensor((3, 1, 1, 1), dtype, device, "channels_last"),
     )
-    yield "empty batch, channels_last", make_tensor((0, 3, 4, 5), dtype, device, "channels_last"), make_tensor(
-        (4, 3, 3, 2), dtype, device
+    yield (
+        "empty batch, channels_last",
+        make_tensor((0, 3, 4, 5), dtype, device, "channels_last"),
+        make_tensor((4, 3, 3, 2), dtype, device),
     )
 
 
