@@ -41,6 +41,7 @@
 #include <string>
 #include <tuple>
 
+#include "conv2d.h"
 #include "matmul.h"
 
 namespace torchext {
@@ -811,6 +812,243 @@ std::tuple<Tensor, Tensor> linear_autograd(const Tensor& input, const Tensor& we
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// conv2d -> act(conv(input, weight) + bias), act none or relu; conv2d_stats -> (out, sum, sum_sq) with the
+// per-output-channel sum and sum of squares of out over N, H, W; conv2d_backward -> (grad_input, grad_weight,
+// grad_bias). Backward saves input only for weight's gradient and weight only for input's (a one-element stand-in
+// otherwise, as linear does), and the output for relu's derivative (relu) or sum_sq's (conv2d_stats). The forward's
+// `variant` is passed on to every backward call.
+//
+// conv2d: grad_z = relu_backward(grad, out) (relu) or grad, then conv2d_backward(grad_z, ...).
+// conv2d_stats: grad_z = g_out + g_sum[k] + 2 out g_sum_sq[k] (broadcast over N, H, W), then as conv2d.
+// conv2d_backward (double backward): grad_input = conv2d_backward_input(grad_output, weight) is linear in
+// (grad_output, weight), grad_weight = conv2d_backward_weight(grad_output, input) in (grad_output, input) and
+// grad_bias = sum(grad_output) in grad_output, so along (ggi, ggw, ggb), as torch's _convolution_double_backward:
+//   d grad_output = conv2d(ggi, weight) + conv2d(input, ggw, bias=ggb)
+//   d input       = conv2d_backward(grad_output, input, ggw).grad_input
+//   d weight      = conv2d_backward(grad_output, ggi, weight).grad_weight
+// all registered (hence differentiable) ops, which gives third and higher derivatives too.
+
+using Conv2dSignature = Tensor(const Tensor&, const Tensor&, const OptionalTensor&, at::IntArrayRef, at::IntArrayRef,
+                               at::IntArrayRef, int64_t, c10::string_view, std::optional<c10::string_view>);
+using Conv2dStatsSignature = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const OptionalTensor&,
+                                                                at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
+                                                                int64_t, std::optional<c10::string_view>);
+using Conv2dBackwardSignature = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
+                                                                   at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
+                                                                   int64_t, std::array<bool, 3>,
+                                                                   std::optional<c10::string_view>);
+
+const c10::TypedOperatorHandle<Conv2dSignature>& conv2d_op() {
+  static const auto op = find_op<Conv2dSignature>("torchext::conv2d");
+  return op;
+}
+const c10::TypedOperatorHandle<Conv2dStatsSignature>& conv2d_stats_op() {
+  static const auto op = find_op<Conv2dStatsSignature>("torchext::conv2d_stats");
+  return op;
+}
+const c10::TypedOperatorHandle<Conv2dBackwardSignature>& conv2d_backward_op() {
+  static const auto op = find_op<Conv2dBackwardSignature>("torchext::conv2d_backward");
+  return op;
+}
+
+// The non-tensor arguments every conv2d call passes on, kept in saved_data.
+struct Conv2dOptions {
+  std::vector<int64_t> stride, padding, dilation;
+  int64_t groups = 1;
+  std::optional<std::string> variant;
+
+  Conv2dOptions(at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+                const std::optional<c10::string_view>& variant)
+      : stride(stride.vec()), padding(padding.vec()), dilation(dilation.vec()), groups(groups) {
+    if (variant.has_value()) this->variant = std::string(*variant);
+  }
+
+  void save(AutogradContext* ctx) const {
+    ctx->saved_data["stride"] = stride;
+    ctx->saved_data["padding"] = padding;
+    ctx->saved_data["dilation"] = dilation;
+    ctx->saved_data["groups"] = groups;
+    ctx->saved_data["variant"] = variant.has_value() ? c10::IValue(*variant) : c10::IValue();
+  }
+
+  static Conv2dOptions load(AutogradContext* ctx) {
+    const c10::IValue& v = ctx->saved_data["variant"];
+    return Conv2dOptions(ctx->saved_data["stride"].toIntVector(), ctx->saved_data["padding"].toIntVector(),
+                         ctx->saved_data["dilation"].toIntVector(), ctx->saved_data["groups"].toInt(),
+                         v.isNone() ? std::nullopt : std::optional<c10::string_view>(v.toStringRef()));
+  }
+
+  std::optional<c10::string_view> variant_view() const {
+    return variant.has_value() ? std::optional<c10::string_view>(*variant) : std::nullopt;
+  }
+
+  Tensor conv2d(const Tensor& input, const Tensor& weight, const OptionalTensor& bias) const {
+    return conv2d_op().call(input, weight, bias, stride, padding, dilation, groups, "none", variant_view());
+  }
+
+  std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& grad_output, const Tensor& input, const Tensor& weight,
+                                              std::array<bool, 3> mask) const {
+    return conv2d_backward_op().call(grad_output, input, weight, stride, padding, dilation, groups, mask,
+                                     variant_view());
+  }
+};
+
+// The saved input and weight: each only where the other's gradient is needed (the backward reads input for
+// grad_weight and weight for grad_input).
+void save_conv2d_operands(AutogradContext* ctx, const Tensor& input, const Tensor& weight, const Tensor& out) {
+  ctx->save_for_backward(
+      {weight.requires_grad() ? input : placeholder(input), input.requires_grad() ? weight : placeholder(weight), out});
+}
+
+// The gradients of input, weight and bias from grad_z (the gradient of the pre-activation).
+variable_list conv2d_input_grads(AutogradContext* ctx, const Tensor& grad_z, size_t count) {
+  variable_list result(count);
+  const bool has_bias = ctx->saved_data["has_bias"].toBool();
+  const std::array<bool, 3> mask = {ctx->needs_input_grad(0), ctx->needs_input_grad(1),
+                                    has_bias && ctx->needs_input_grad(2)};
+  if (!grad_z.defined() || !(mask[0] || mask[1] || mask[2])) return result;
+  const auto saved = ctx->get_saved_variables();
+  auto [grad_input, grad_weight, grad_bias] = Conv2dOptions::load(ctx).backward(grad_z, saved[0], saved[1], mask);
+  if (mask[0]) result[0] = grad_input;
+  if (mask[1]) result[1] = grad_weight;
+  if (mask[2]) result[2] = grad_bias;
+  return result;
+}
+
+class Conv2dFunction : public torch::autograd::Function<Conv2dFunction> {
+ public:
+  static Tensor forward(AutogradContext* ctx, const Tensor& input, const Tensor& weight, const OptionalTensor& bias,
+                        at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+                        c10::string_view activation, std::optional<c10::string_view> variant) {
+    Tensor out =
+        call_below_autograd(conv2d_op(), input, weight, bias, stride, padding, dilation, groups, activation, variant);
+    const bool relu = parse_conv2d_activation("torchext::conv2d", activation) == MatmulActivation::relu;
+    save_conv2d_operands(ctx, input, weight, relu ? out : Tensor());
+    Conv2dOptions(stride, padding, dilation, groups, variant).save(ctx);
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const Tensor& grad = grads[0];
+    if (!grad.defined()) return variable_list(9);
+    const Tensor out = ctx->get_saved_variables()[2];
+    return conv2d_input_grads(ctx, out.defined() ? backward_op<Relu>().call(grad, out) : grad, 9);
+  }
+};
+
+Tensor conv2d_autograd(const Tensor& input, const Tensor& weight, const OptionalTensor& bias, at::IntArrayRef stride,
+                       at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, c10::string_view activation,
+                       std::optional<c10::string_view> variant) {
+  return Conv2dFunction::apply(input, weight, bias, stride, padding, dilation, groups, activation, variant);
+}
+
+class Conv2dStatsFunction : public torch::autograd::Function<Conv2dStatsFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& input, const Tensor& weight,
+                               const OptionalTensor& bias, at::IntArrayRef stride, at::IntArrayRef padding,
+                               at::IntArrayRef dilation, int64_t groups, std::optional<c10::string_view> variant) {
+    auto [out, sum, sum_sq] =
+        call_below_autograd(conv2d_stats_op(), input, weight, bias, stride, padding, dilation, groups, variant);
+    ctx->set_materialize_grads(false);
+    save_conv2d_operands(ctx, input, weight, out);
+    Conv2dOptions(stride, padding, dilation, groups, variant).save(ctx);
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    return {out, sum, sum_sq};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const Tensor &g_out = grads[0], &g_sum = grads[1], &g_sum_sq = grads[2];
+    Tensor grad_z = g_out;
+    const auto add = [&grad_z](const Tensor& t) { grad_z = grad_z.defined() ? grad_z + t : t; };
+    if (g_sum.defined() || g_sum_sq.defined()) {
+      const Tensor out = ctx->get_saved_variables()[2];
+      // In the statistics' dtype (float32 for half inputs), rounded to the output's once.
+      Tensor per_element;
+      if (g_sum_sq.defined()) per_element = 2 * out.to(g_sum_sq.scalar_type()) * g_sum_sq.view({1, -1, 1, 1});
+      if (g_sum.defined()) {
+        const Tensor s = g_sum.view({1, -1, 1, 1});
+        per_element = per_element.defined() ? per_element + s : s.expand(out.sizes());
+      }
+      add(per_element.to(out.scalar_type()));
+    }
+    return conv2d_input_grads(ctx, grad_z, 8);
+  }
+};
+
+std::tuple<Tensor, Tensor, Tensor> conv2d_stats_autograd(const Tensor& input, const Tensor& weight,
+                                                         const OptionalTensor& bias, at::IntArrayRef stride,
+                                                         at::IntArrayRef padding, at::IntArrayRef dilation,
+                                                         int64_t groups, std::optional<c10::string_view> variant) {
+  const auto out = Conv2dStatsFunction::apply(input, weight, bias, stride, padding, dilation, groups, variant);
+  return {out[0], out[1], out[2]};
+}
+
+class Conv2dBackwardFunction : public torch::autograd::Function<Conv2dBackwardFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& grad_output, const Tensor& input,
+                               const Tensor& weight, at::IntArrayRef stride, at::IntArrayRef padding,
+                               at::IntArrayRef dilation, int64_t groups, std::array<bool, 3> mask,
+                               std::optional<c10::string_view> variant) {
+    auto [grad_input, grad_weight, grad_bias] = call_below_autograd(conv2d_backward_op(), grad_output, input, weight,
+                                                                    stride, padding, dilation, groups, mask, variant);
+    ctx->set_materialize_grads(false);
+    // grad_output for the input's and weight's derivatives, input and weight for grad_output's.
+    const bool go_needed = grad_output.requires_grad();
+    ctx->save_for_backward(
+        {(input.requires_grad() && mask[1]) || (weight.requires_grad() && mask[0]) ? grad_output
+                                                                                   : placeholder(grad_output),
+         go_needed && mask[1] ? input : placeholder(input), go_needed && mask[0] ? weight : placeholder(weight)});
+    Conv2dOptions(stride, padding, dilation, groups, variant).save(ctx);
+    ctx->saved_data["mask"] = int64_t{mask[0]} | int64_t{mask[1]} << 1 | int64_t{mask[2]} << 2;
+    return {grad_input, grad_weight, grad_bias};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list result(9);
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &go = saved[0], &input = saved[1], &weight = saved[2];
+    // Gradients reaching the empty results of entries output_mask left out are ignored.
+    const int64_t mask = ctx->saved_data["mask"].toInt();
+    const Tensor ggi = mask & 1 ? grads[0] : Tensor(), ggw = mask & 2 ? grads[1] : Tensor();
+    const Tensor ggb = mask & 4 ? grads[2] : Tensor();
+    const Conv2dOptions options = Conv2dOptions::load(ctx);
+    if (ctx->needs_input_grad(0)) {
+      Tensor grad;
+      if (ggw.defined()) grad = options.conv2d(input, ggw, as_optional(ggb));
+      if (ggi.defined()) {
+        const Tensor t = options.conv2d(ggi, weight, grad.defined() ? OptionalTensor() : as_optional(ggb));
+        grad = grad.defined() ? grad + t : t;
+      }
+      if (!grad.defined() && ggb.defined()) grad = ggb.view({1, -1, 1, 1}).expand(go.sizes());
+      result[0] = grad;
+    }
+    if (ctx->needs_input_grad(1) && ggw.defined()) {
+      result[1] = std::get<0>(options.backward(go, input, ggw, {true, false, false}));
+    }
+    if (ctx->needs_input_grad(2) && ggi.defined()) {
+      result[2] = std::get<1>(options.backward(go, ggi, weight, {false, true, false}));
+    }
+    return result;
+  }
+};
+
+// conv2d_backward's Autograd kernel: the op itself when no graph is recorded, else the Function above.
+std::tuple<Tensor, Tensor, Tensor> conv2d_backward_autograd(const Tensor& grad_output, const Tensor& input,
+                                                            const Tensor& weight, at::IntArrayRef stride,
+                                                            at::IntArrayRef padding, at::IntArrayRef dilation,
+                                                            int64_t groups, std::array<bool, 3> mask,
+                                                            std::optional<c10::string_view> variant) {
+  if (!needs_graph(grad_output, input, weight)) {
+    return call_below_autograd(conv2d_backward_op(), grad_output, input, weight, stride, padding, dilation, groups,
+                               mask, variant);
+  }
+  const auto out =
+      Conv2dBackwardFunction::apply(grad_output, input, weight, stride, padding, dilation, groups, mask, variant);
+  return {out[0], out[1], out[2]};
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // CUDA autocast: PyTorch's rules for the ops these replace. cross_entropy runs in float32 (its logits and class
 // weights are cast up); linear in the autocast dtype (float16 or bfloat16). at::autocast::cached_cast casts only
 // floating CUDA tensors other than float64, and caches the cast of a leaf weight for the autocast region, as
@@ -834,6 +1072,30 @@ std::tuple<Tensor, Tensor> linear_autocast_cuda(const Tensor& input, const Tenso
   const at::ScalarType dtype = at::autocast::get_autocast_dtype(cuda);
   return op.call(at::autocast::cached_cast(dtype, input, cuda), at::autocast::cached_cast(dtype, weight, cuda),
                  at::autocast::cached_cast(dtype, bias, cuda), activation);
+}
+
+// conv2d and conv2d_stats in the autocast dtype, as torch's conv2d (lower_precision_fp).
+Tensor conv2d_autocast_cuda(const Tensor& input, const Tensor& weight, const OptionalTensor& bias,
+                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+                            c10::string_view activation, std::optional<c10::string_view> variant) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  constexpr auto cuda = c10::DeviceType::CUDA;
+  const at::ScalarType dtype = at::autocast::get_autocast_dtype(cuda);
+  return conv2d_op().call(at::autocast::cached_cast(dtype, input, cuda), at::autocast::cached_cast(dtype, weight, cuda),
+                          at::autocast::cached_cast(dtype, bias, cuda), stride, padding, dilation, groups, activation,
+                          variant);
+}
+
+std::tuple<Tensor, Tensor, Tensor> conv2d_stats_autocast_cuda(const Tensor& input, const Tensor& weight,
+                                                              const OptionalTensor& bias, at::IntArrayRef stride,
+                                                              at::IntArrayRef padding, at::IntArrayRef dilation,
+                                                              int64_t groups, std::optional<c10::string_view> variant) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  constexpr auto cuda = c10::DeviceType::CUDA;
+  const at::ScalarType dtype = at::autocast::get_autocast_dtype(cuda);
+  return conv2d_stats_op().call(
+      at::autocast::cached_cast(dtype, input, cuda), at::autocast::cached_cast(dtype, weight, cuda),
+      at::autocast::cached_cast(dtype, bias, cuda), stride, padding, dilation, groups, variant);
 }
 
 }  // namespace
@@ -865,11 +1127,16 @@ TORCH_LIBRARY_IMPL(torchext, Autograd, m) {
   m.impl("multi_margin_loss_backward", &multi_margin_backward_autograd);
   m.impl("linear", &linear_autograd);
   m.impl("linear_backward", &linear_backward_autograd);
+  m.impl("conv2d", &conv2d_autograd);
+  m.impl("conv2d_stats", &conv2d_stats_autograd);
+  m.impl("conv2d_backward", &conv2d_backward_autograd);
 }
 
 TORCH_LIBRARY_IMPL(torchext, AutocastCUDA, m) {
   m.impl("cross_entropy", &cross_entropy_autocast_cuda);
   m.impl("linear", &linear_autocast_cuda);
+  m.impl("conv2d", &conv2d_autocast_cuda);
+  m.impl("conv2d_stats", &conv2d_stats_autocast_cuda);
 }
 
 }  // namespace torchext

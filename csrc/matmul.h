@@ -48,6 +48,12 @@ inline bool activation_saves_preactivation(MatmulActivation act) {
   return act == MatmulActivation::gelu || act == MatmulActivation::gelu_tanh || act == MatmulActivation::silu;
 }
 
+// The CPU GEMM (csrc/matmul_cpu.cpp): C = act(A B + bias) on the engine's arguments, A and B read through their
+// strides, C row-major with row stride c_rs; parallel over the calling thread's at::parallel_for pool (one thread
+// inside a parallel region). Each element's accumulation order does not depend on the thread count.
+void gemm_cpu(const cuda_ops::MatmulArgs<float>& g);
+void gemm_cpu(const cuda_ops::MatmulArgs<double>& g);
+
 struct MatmulPlan {
   std::vector<int64_t> out_shape;  // (*batch, M, N), or (*, N) for linear
   int64_t m = 0, n = 0, k = 0, batch = 1;

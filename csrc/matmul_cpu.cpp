@@ -421,7 +421,10 @@ void gemm_blocked(const GemmArgs<T>& g, MicroKernel<T> kernel) {
   }
 }
 
-void gemm_cpu(const GemmArgs<float>& g) {
+}  // namespace
+
+// The CPU GEMM on the engine's arguments (declared in csrc/matmul.h, used by csrc/conv2d_cpu.cpp as well).
+void gemm_cpu(const cuda_ops::MatmulArgs<float>& g) {
   switch (gemm_isa()) {
 #if TORCHEXT_GEMM_X86
     case CpuIsa::avx512:
@@ -434,7 +437,7 @@ void gemm_cpu(const GemmArgs<float>& g) {
   }
 }
 
-void gemm_cpu(const GemmArgs<double>& g) {
+void gemm_cpu(const cuda_ops::MatmulArgs<double>& g) {
   switch (gemm_isa()) {
 #if TORCHEXT_GEMM_X86
     case CpuIsa::avx512:
@@ -446,6 +449,8 @@ void gemm_cpu(const GemmArgs<double>& g) {
       return gemm_blocked<double, 4, 4>(g, &micro_generic_f64);
   }
 }
+
+namespace {
 
 // Runs a plan (csrc/matmul.h): c = act(a @ b + bias), with z stored to aux when given. c and aux are contiguous
 // with the plan's output layout.

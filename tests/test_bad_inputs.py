@@ -31,6 +31,7 @@ SETUP = textwrap.dedent(
     t = torch.tensor([0, 1, 2, 3])
     w5, w4 = torch.ones(5), torch.ones(4, 5)
     lin_w, lin_b = torch.randn(3, 5), torch.randn(3)
+    img, cw = torch.randn(2, 4, 5, 7), torch.randn(6, 4, 3, 3)
     if torch.cuda.is_available():
         cx, cy, ct, cw5 = x.cuda(), y.cuda(), t.cuda(), w5.cuda()
     """
@@ -204,6 +205,43 @@ CASES = [
     ("TF.linear(x, lin_w, lin_b.double())", "TypeError", ["`bias`", "dtype"]),
     ("TF.linear(torch.tensor(1.0), lin_w)", "ValueError", ["`input`"]),
     ("TF.linear(x.int(), lin_w.int())", "TypeError", ["`input`", "Int"]),
+    # --- conv2d
+    ("TF.conv2d(None, cw)", "TypeError", ["`input`", "NoneType"]),
+    ("TF.conv2d(img, [1.0])", "TypeError", ["`weight`", "list"]),
+    ("ops.conv2d(img, cw, 1.0)", "TypeError", ["`bias`", "float"]),
+    ("ops.conv2d(img[0], cw)", "ValueError", ["`input`", "4-D", "unsqueeze"]),
+    ("TF.conv2d(img[None], cw)", "ValueError", ["`input`", "4-D"]),
+    ("TF.conv2d(img, cw[0])", "ValueError", ["`weight`", "4-D"]),
+    ("TF.conv2d(img, torch.randn(6, 3, 3, 3))", "ValueError", ["`weight`", "4 input channels", "3"]),
+    ("TF.conv2d(img, cw, groups=3)", "ValueError", ["`groups`", "divisible"]),
+    ("TF.conv2d(img, torch.randn(5, 2, 3, 3), groups=2)", "ValueError", ["5 output channels", "`groups`"]),
+    ("TF.conv2d(img, cw, groups=0)", "ValueError", ["`groups`", "at least 1"]),
+    ("TF.conv2d(img, cw, padding=-1)", "ValueError", ["`padding`", "non-negative"]),
+    ("TF.conv2d(img, cw, stride=0)", "ValueError", ["`stride`", "at least 1"]),
+    ("TF.conv2d(img, cw, stride=(1, 2, 3))", "TypeError", ["`stride`"]),
+    ("TF.conv2d(img, cw, dilation=0)", "ValueError", ["`dilation`", "at least 1"]),
+    ("TF.conv2d(img, torch.randn(6, 4, 7, 7))", "ValueError", ["height", "output would be empty"]),
+    ("TF.conv2d(img, cw, padding='full')", "ValueError", ["`padding`", "same"]),
+    ("TF.conv2d(img, cw, padding='same', stride=2)", "ValueError", ["'same'", "strided"]),
+    ("TF.conv2d(img, cw, torch.randn(5))", "ValueError", ["`bias`", "(6,)"]),
+    ("TF.conv2d(img, cw.double())", "TypeError", ["`weight`", "dtype"]),
+    ("TF.conv2d(img, cw, torch.randn(6).double())", "TypeError", ["`bias`", "dtype"]),
+    ("TF.conv2d(img.half(), cw.half())", "TypeError", ["`input`", "Half"]),
+    ("TF.conv2d(img.long(), cw.long())", "TypeError", ["`input`", "Long"]),
+    ("TF.conv2d(img, cw, activation='gelu')", "ValueError", ["activation", "gelu"]),
+    ("raw.conv2d(img, cw, None, [1, 1], [0, 0], [1, 1], 1, 'silu', None)", "ValueError", ["`activation`", "silu"]),
+    ("TF.conv2d(img, cw, kernel='fastest')", "ValueError", ["unknown variant", "fastest", "implicit_mma"]),
+    ("TF.conv2d(img, cw, kernel='direct')", "ValueError", ["'direct'", "CUDA tensors"]),
+    (
+        "raw.conv2d_backward(torch.randn(2, 6, 3, 4), img, cw, [1, 1], [0, 0], [1, 1], 1, [True, True, True])",
+        "ValueError",
+        ["`grad_output`", "shape"],
+    ),
+    (
+        "raw.conv2d_backward(torch.randn(2, 6, 3, 5).double(), img, cw, [1, 1], [0, 0], [1, 1], 1, [True] * 3)",
+        "TypeError",
+        ["`grad_output`", "dtype"],
+    ),
     # --- CUDA: devices and targets (skipped without a GPU)
     ("TF.mse_loss(cx, y)", "RuntimeError", ["`target`", "device"]),
     ("TF.mse_loss(cx, cy, weight=w4)", "RuntimeError", ["`weight`", "device"]),
@@ -217,6 +255,8 @@ CASES = [
     ("TF.matmul(cx, y.T)", "RuntimeError", ["`b`", "device"]),
     ("TF.linear(cx, lin_w)", "RuntimeError", ["`weight`", "device"]),
     ("TF.linear(cx, lin_w.cuda(), lin_b)", "RuntimeError", ["`bias`", "device"]),
+    ("TF.conv2d(img.cuda(), cw)", "RuntimeError", ["`weight`", "device"]),
+    ("TF.conv2d(img.cuda(), cw.cuda(), torch.randn(6))", "RuntimeError", ["`bias`", "device"]),
     ("raw.softmax_backward(torch.ones(3), torch.ones(3, device='cuda'))", "RuntimeError", ["`grad_output`", "device"]),
     ("raw.relu_backward(torch.ones(3, device='cuda'), torch.ones(3))", "RuntimeError", ["`output`", "device"]),
     ("TF.relu(torch.arange(3, device='cuda'))", "TypeError", ["`self`", "float16"]),

@@ -126,7 +126,42 @@ def products_group(lib):
     return run, names, inputs
 
 
-GROUPS = {"unary": unary_group, "losses": losses_group, "products": products_group}
+def _torch_conv2d_stats(x, w, b, **opts):
+    out = F.conv2d(x, w, b, **opts)
+    return out, out.sum((0, 2, 3)), (out * out).sum((0, 2, 3))
+
+
+def conv_group(lib):
+    """conv2d (bias + relu, groups and stride, 'same' padding) and conv2d_stats on contiguous and channels-last
+    inputs."""
+    conv = tf.conv2d if lib == "torchext" else lambda *a, activation=None, **k: (
+        F.conv2d(*a, **k).relu() if activation == "relu" else F.conv2d(*a, **k)
+    )  # fmt: skip
+    stats = torchext.ops.conv2d_stats if lib == "torchext" else _torch_conv2d_stats
+
+    def run(x, x_cl, w, w_g, bias):
+        out, s, ss = stats(x_cl * 0.25, w, bias, padding=1)  # smaller sums of squares: float32 tolerances hold
+        return (
+            conv(x, w, bias, padding=1, activation="relu"),
+            conv(x_cl, w, None, stride=2, padding="valid" if lib == "torch" else 0),
+            conv(x_cl, w_g, bias, padding="same", groups=3),
+            out, s, ss,
+        )  # fmt: skip
+
+    names = ["conv2d relu", "conv2d stride 2 channels_last", "conv2d groups 3 same", "conv2d_stats out",
+             "conv2d_stats sum", "conv2d_stats sum_sq"]  # fmt: skip
+
+    def inputs(device, dtype):
+        return [
+            make_tensor((2, 3, 5, 7), dtype, device), make_tensor((2, 3, 5, 7), dtype, device, "channels_last"),
+            make_tensor((6, 3, 3, 3), dtype, device), make_tensor((6, 1, 3, 2), dtype, device),
+            make_tensor((6,), dtype, device),
+        ]  # fmt: skip
+
+    return run, names, inputs
+
+
+GROUPS = {"unary": unary_group, "losses": losses_group, "products": products_group, "conv": conv_group}
 
 
 def forward_backward(fn, inputs, grad_weights=None):
@@ -180,7 +215,7 @@ def test_reported_cases_compile():
 
 
 class SmallNet(nn.Module):
-    """Stock layers of every kind torchext.nn swaps in (Linear, fused Linear + activation, each activation,
+    """Stock layers of every kind torchext.nn swaps in (Conv2d, Linear, fused Linear + activation, each activation,
     softmax), with torchext's or torch's losses on top."""
 
     def __init__(self, lib: str):
@@ -219,7 +254,7 @@ def test_swapped_model_compiles_fullgraph(device):
     ours.load_state_dict(stock.state_dict())
     report = torchext.swap_modules(ours)
     swapped = {type(m) for m in ours.modules()}
-    for cls in (tnn.Linear, tnn.LeakyReLU, tnn.GELU, tnn.SiLU, tnn.Tanh, tnn.Sigmoid, tnn.Softmax, tnn.LogSoftmax):
+    for cls in (tnn.Linear, tnn.Conv2d, tnn.LeakyReLU, tnn.GELU, tnn.SiLU, tnn.Tanh, tnn.Sigmoid, tnn.Softmax, tnn.LogSoftmax):
         assert cls in swapped, f"[swap report] {cls.__name__} missing after swap_modules:\n{report}"
     x = make_tensor((4, 3, 4, 5), torch.float32, device, "channels_last")
     t = torch.randint(0, 5, (4,), device=device)

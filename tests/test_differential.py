@@ -540,6 +540,41 @@ def test_linear_matches_torch(device, data):
     check_op(what, ours, theirs, (x, w, bias), grad_args=grad_args, tensor_scale=True)
 
 
+@pytest.mark.parametrize("device", device_params())
+@PROFILE
+@given(data=st.data())
+def test_conv2d_matches_torch(device, data):
+    """Random batch (0 included), groups, kernel, stride, padding (up to beyond the kernel's half), dilation, bias,
+    the fused relu, and the layouts of input and weight; sizes drawn so that the output is never empty (torch and
+    torchext raise different exception classes there: tests/test_bad_inputs.py covers it)."""
+    dtype = data.draw(_dtypes(device), label="dtype")
+    groups = data.draw(st.sampled_from([1, 1, 2, 3]), label="groups")
+    c, k = (groups * data.draw(st.integers(1, 3), label=s) for s in ("C/groups", "K/groups"))
+    kernel = [data.draw(st.integers(1, 4), label=f"kernel {d}") for d in "hw"]
+    stride = [data.draw(st.integers(1, 3), label=f"stride {d}") for d in "hw"]
+    dilation = [data.draw(st.integers(1, 2), label=f"dilation {d}") for d in "hw"]
+    padding = [data.draw(st.integers(0, 3), label=f"padding {d}") for d in "hw"]
+    span = [dilation[i] * (kernel[i] - 1) + 1 for i in range(2)]
+    size = [max(1, span[i] - 2 * padding[i]) + data.draw(st.integers(0, 4), label="extra") for i in range(2)]
+    n = data.draw(st.integers(0, 3), label="batch")
+    x = data.draw(values((n, c, *size), dtype, device, extremes=False), label="input")
+    w = data.draw(values((k, c // groups, *kernel), dtype, device, extremes=False), label="weight")
+    bias = data.draw(st.one_of(st.none(), values((k,), dtype, device, extremes=False)), label="bias")
+    activation = data.draw(st.sampled_from([None, "relu"]), label="activation")
+    opts = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+    def ours(x, w, b):
+        return TF.conv2d(x, w, b, activation=activation, **opts)
+
+    def theirs(x, w, b):
+        out = F.conv2d(x, w, b, **opts)
+        return out.relu() if activation else out
+
+    grad_args = (0, 1) if bias is None else (0, 1, 2)
+    what = f"conv2d input {tuple(x.shape)} weight {tuple(w.shape)} {opts} bias={bias is not None} {activation} {dtype}"
+    check_op(what, ours, theirs, (x, w, bias), grad_args=grad_args, tensor_scale=True)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Extreme values through the losses' special cases, one example each (these are the edges hypothesis found)
 

@@ -211,6 +211,58 @@ def _linear_backward(device, dtype):
                 yield f"input {case}, grad_out {g_layout}, {activation}, bias={bias}, mask {mask}", args, {}
 
 
+def _conv2d_operands(device, dtype):
+    """(case, input, weight) over every input layout, with weights contiguous and channels-last, a groups-2 strided
+    convolution, and an empty batch."""
+    for case, layout, shape in LAYOUTS_4D:
+        if len(shape) != 4 or shape[1] == 0:
+            continue
+        w_layout = "channels_last" if case == "contiguous" else "contiguous"
+        yield (
+            f"input {case}, weight {w_layout}",
+            make_tensor(shape, dtype, device, layout),
+            make_tensor((4, 3, 3, 2), dtype, device, w_layout),
+        )
+    yield (
+        "input (2, 1, 4, 5), weight channels_last",
+        make_tensor((2, 1, 4, 5), dtype, device),
+        make_tensor((3, 1, 1, 1), dtype, device, "channels_last"),
+    )
+    yield (
+        "empty batch, channels_last",
+        make_tensor((0, 3, 4, 5), dtype, device, "channels_last"),
+        make_tensor((4, 3, 3, 2), dtype, device),
+    )
+
+
+_CONV2D_OPTIONS = (([1, 1], [1, 0], [1, 1], 1), ([2, 1], [0, 2], [1, 2], 1))
+
+
+def _conv2d(device, dtype):
+    for case, x, w in _conv2d_operands(device, dtype):
+        for i, options in enumerate(_CONV2D_OPTIONS):
+            bias = make_tensor((w.shape[0],), dtype, device) if i == 0 else None
+            yield f"{case}, options {i}", (x, w, bias, *options, "relu" if i else "none", None), {}
+    x, w = make_tensor((2, 4, 5, 5), dtype, device, "channels_last"), make_tensor((6, 2, 3, 3), dtype, device)
+    yield "groups 2", (x, w, None, [2, 2], [1, 1], [1, 1], 2, "none", None), {}
+
+
+def _conv2d_stats(device, dtype):
+    for case, args, kwargs in _conv2d(device, dtype):
+        yield case, args[:7] + args[8:], kwargs
+
+
+def _conv2d_backward(device, dtype):
+    masks = ([True, True, True], [True, False, False], [False, True, True])
+    for case, (x, w, _, stride, padding, dilation, groups, _, variant), _ in _conv2d(device, dtype):
+        out = ops.conv2d.default(x, w, None, stride, padding, dilation, groups, "none", variant)
+        for g_layout in ("contiguous", "channels_last"):
+            g = make_tensor(out.shape, dtype, device, g_layout)
+            for mask in masks:
+                args = (g, x, w, stride, padding, dilation, groups, mask, None)
+                yield f"{case}, grad_output {g_layout}, mask {mask}", args, {}
+
+
 SAMPLES = {
     **{name: _elementwise_forward(name) for name in ELEMENTWISE},
     **{f"{name}_backward": _elementwise_backward(name) for name in ELEMENTWISE},
@@ -226,6 +278,9 @@ SAMPLES = {
     "matmul_kernel": _matmul,
     "linear": _linear,
     "linear_backward": _linear_backward,
+    "conv2d": _conv2d,
+    "conv2d_stats": _conv2d_stats,
+    "conv2d_backward": _conv2d_backward,
 }
 
 
@@ -304,6 +359,8 @@ _GRAD_ARGS = {
     "matmul": (0, 1),
     "matmul_kernel": (),
     "linear": (0, 1, 2),
+    "conv2d": (0, 1, 2),
+    "conv2d_stats": (0, 1, 2),
 }
 # AOTAutograd compiles tensor programs: matmul_kernel's str result has nothing to trace there.
 _OPCHECK_UTILS = {"matmul_kernel": tuple(u for u in DEFAULT_TEST_UTILS if not u.startswith("test_aot_dispatch"))}

@@ -27,12 +27,17 @@ def _stock_and_swapped(build, dtype=F64, **kwargs):
     return stock, report.model, report
 
 
-def _assert_same_state(a: nn.Module, b: nn.Module, what: str):
+def _assert_same_state(a: nn.Module, b: nn.Module, what: str, exact: bool = True):
+    """Same keys, dtypes and devices; equal values (``exact``) or close ones (statistics computed from outputs that
+    differ by rounding)."""
     sa, sb = a.state_dict(), b.state_dict()
     assert list(sa) == list(sb), f"[{what} state_dict keys] {sorted(set(sa) ^ set(sb))}"
     for key in sa:
         assert sa[key].dtype == sb[key].dtype and sa[key].device == sb[key].device, f"[{what} {key} dtype/device]"
-        assert torch.equal(sa[key], sb[key]), f"[{what} {key}] values differ"
+        if exact or not sa[key].is_floating_point():
+            assert torch.equal(sa[key], sb[key]), f"[{what} {key}] values differ"
+        else:
+            _close(sb[key], sa[key], f"{what} {key}")
 
 
 def _close(a, b, what):
@@ -64,13 +69,15 @@ def test_resnet18_cifar_report():
     model = models.resnet18_cifar()
     report = swap_modules(model)
     c = report.counts
-    assert c["replaced_by_class"] == {"nn.ReLU": 17, "nn.Linear": 1}, c
+    assert c["replaced_by_class"] == {"nn.ReLU": 17, "nn.Linear": 1, "nn.Conv2d": 20}, c
     assert c["fused"] == 0, "[the fc layer is not followed by an activation]"
-    assert c["left_stock_by_class"] == {"nn.Conv2d": 20, "nn.BatchNorm2d": 20, "nn.AdaptiveAvgPool2d": 1}, c
+    assert c["left_stock_by_class"] == {"nn.BatchNorm2d": 20, "nn.AdaptiveAvgPool2d": 1}, c
     assert all(s.reason == NO_KERNEL for s in report.left_stock)
-    assert not any(type(m) in (nn.ReLU, nn.Linear) for m in model.modules()), "a stock ReLU or Linear is left"
+    assert not any(type(m) in (nn.ReLU, nn.Linear, nn.Conv2d) for m in model.modules()), "a stock layer is left"
     assert ("layer2.0.relu2", "nn.ReLU", "torchext.nn.ReLU") in report.replaced
-    assert ("layer3.0.downsample.0", "nn.Conv2d", NO_KERNEL) in report.left_stock
+    assert ("layer3.0.downsample.0", "nn.Conv2d", "torchext.nn.Conv2d") in report.replaced
+    kept = swap_modules(models.resnet18_cifar(), conv=False)
+    assert ("layer3.0.downsample.0", "nn.Conv2d", "conv=False") in kept.left_stock
 
 
 def test_cnn_cifar_report():
@@ -78,10 +85,11 @@ def test_cnn_cifar_report():
     report = swap_modules(model)
     c = report.counts
     assert [tuple(f) for f in report.fused] == [("fc1", "relu5", "relu")]
-    assert c["replaced_by_class"] == {"nn.ReLU": 5, "nn.Linear": 2}, c
+    assert c["replaced_by_class"] == {"nn.ReLU": 5, "nn.Linear": 2, "nn.Conv2d": 4}, c
     assert c["left_stock_by_class"] == {
-        "nn.Conv2d": 4, "nn.BatchNorm2d": 2, "nn.MaxPool2d": 2, "nn.Dropout": 3, "nn.BatchNorm1d": 1,
+        "nn.BatchNorm2d": 2, "nn.MaxPool2d": 2, "nn.Dropout": 3, "nn.BatchNorm1d": 1,
     }, c  # fmt: skip
+    assert all(type(getattr(model, f"conv{i}")) is tnn.Conv2d for i in range(1, 5))
     assert type(model.relu5) is nn.Identity and model.fc1.activation == "relu"
     assert type(model.fc2) is tnn.Linear and model.fc2.activation == "none"
     assert all(type(getattr(model, f"relu{i}")) is tnn.ReLU for i in range(1, 5))
@@ -135,8 +143,8 @@ def test_resnet18_cifar_forward_backward_match_stock():
     ours = dict(swapped.named_parameters())
     for name in ("conv1.weight", "layer1.0.bn1.weight", "layer4.1.conv2.weight", "fc.weight", "fc.bias"):
         _close(ours[name].grad, dict(stock.named_parameters())[name].grad, f"resnet18_cifar {name}.grad")
-    # batch-norm running statistics were updated the same way in train mode
-    _assert_same_state(stock, swapped, "resnet18_cifar after a train-mode forward")
+    # batch-norm running statistics were updated the same way in train mode (from convolutions equal to rounding)
+    _assert_same_state(stock, swapped, "resnet18_cifar after a train-mode forward", exact=False)
 
 
 def test_resnet18_cifar_channels_last_gradients_keep_stocks_layout():
@@ -501,15 +509,16 @@ def test_report_text_and_dict():
     report = swap_modules(models.cnn_cifar())
     text = str(report)
     lines = text.splitlines()
-    assert lines[0].startswith("swap_modules: 7 replaced, 1 Linear+activation pair(s) fused, 12 left stock")
+    assert lines[0].startswith("swap_modules: 11 replaced, 1 Linear+activation pair(s) fused, 8 left stock")
     assert any(line.split() == ["fc1", "nn.Linear", "torchext.nn.Linear(activation='relu')"] for line in lines)
     assert any(line.split() == ["relu5", "nn.ReLU", "nn.Identity"] for line in lines)
-    assert any(line.split()[:2] == ["conv1", "nn.Conv2d"] and NO_KERNEL in line for line in lines)
+    assert any(line.split() == ["conv1", "nn.Conv2d", "torchext.nn.Conv2d"] for line in lines)
+    assert any(line.split()[:2] == ["bn1", "nn.BatchNorm2d"] and NO_KERNEL in line for line in lines)
     d = json.loads(json.dumps(report.as_dict()))
-    assert d["counts"]["replaced"] == 7 and d["counts"]["left_stock"] == 12
+    assert d["counts"]["replaced"] == 11 and d["counts"]["left_stock"] == 8
     assert d["fused"] == [{"linear": "fc1", "activation": "relu5", "epilogue": "relu"}]
-    assert d["replaced"][0] == {"name": "relu1", "old": "nn.ReLU", "new": "torchext.nn.ReLU"}
-    assert "replaced=7" in repr(report)
+    assert d["replaced"][0] == {"name": "conv1", "old": "nn.Conv2d", "new": "torchext.nn.Conv2d"}
+    assert "replaced=11" in repr(report)
 
 
 def test_root_module_and_bad_arguments():

@@ -1,8 +1,8 @@
 """torchext-compare: train a stock PyTorch model and its torchext twin side by side on CIFAR-10 (issue 5).
 
 For each seed the stock model is built with ``torch.manual_seed(seed)``, deep-copied, and the copy is swapped to
-torchext with ``torchext.swap_modules`` (Linear layers, activations, and Linear+activation pairs fused into one
-``torchext.nn.Linear(activation=...)``); its loss is ``torchext.nn.CrossEntropyLoss``, the stock one's
+torchext with ``torchext.swap_modules`` (Linear and Conv2d layers, activations, and Linear+activation pairs fused
+into one ``torchext.nn.Linear(activation=...)``); its loss is ``torchext.nn.CrossEntropyLoss``, the stock one's
 ``torch.nn.CrossEntropyLoss``, with the same label smoothing. Both get the same optimizer and schedule. They train
 from identical weights on identical batches (one ``GPULoader`` seeded with the seed; each model's epoch e re-seeds
 the global RNG with (seed, e), so dropout draws the same masks for both), alternating per epoch: stock then
@@ -179,7 +179,8 @@ class CompareConfig:
                       CPU must be asked for). Under torchrun each rank uses ``cuda:LOCAL_RANK`` (or the CPU when
                       the device is 'cpu').
     out:              output folder.
-    swap_linear, swap_activations, fuse: passed to ``torchext.swap_modules``.
+    swap_linear, swap_conv, swap_activations, fuse: passed to ``torchext.swap_modules`` (as linear, conv,
+                      activations, fuse).
     profile_steps:    training steps profiled for the GPU-time share (CUDA only; 0 skips it).
     val_batch_size:   batch size of the validation passes.
     quiet:            no progress bars and no per-epoch lines.
@@ -212,6 +213,7 @@ class CompareConfig:
     device: str | None = None
     out: str = "compare_out"
     swap_linear: bool = True
+    swap_conv: bool = True
     swap_activations: bool = True
     fuse: bool = True
     profile_steps: int = 10
@@ -332,7 +334,7 @@ class CompareConfig:
         return argv
 
 
-_BOOL_OPTIONAL = ("nesterov", "channels_last", "swap_linear", "swap_activations", "fuse")
+_BOOL_OPTIONAL = ("nesterov", "channels_last", "swap_linear", "swap_conv", "swap_activations", "fuse")
 
 
 def _check_seeds(seeds) -> None:
@@ -453,6 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default=d.out, help=f"output folder (default: {d.out})")
     p.add_argument("--swap-linear", action=argparse.BooleanOptionalAction, default=True, help="swap nn.Linear")
+    p.add_argument("--swap-conv", action=argparse.BooleanOptionalAction, default=True, help="swap nn.Conv2d")
     p.add_argument(
         "--swap-activations", action=argparse.BooleanOptionalAction, default=True, help="swap activation modules"
     )
@@ -756,7 +759,12 @@ def _swap(model: nn.Module, cfg: CompareConfig):
     import torchext
 
     report = torchext.swap_modules(
-        model, linear=cfg.swap_linear, activations=cfg.swap_activations, inplace=True, fuse=cfg.fuse
+        model,
+        linear=cfg.swap_linear,
+        activations=cfg.swap_activations,
+        inplace=True,
+        fuse=cfg.fuse,
+        conv=cfg.swap_conv,
     )
     return report.model, report
 

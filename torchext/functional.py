@@ -5,17 +5,21 @@ Differences from torch.nn.functional, all deliberate:
   write into their inputs. Use the return value (as ``x = F.relu(x, inplace=True)`` code already does).
 - softmax/log_softmax over a dimension other than the last run on a transposed copy (the kernels reduce over the
   last dimension).
+- conv2d takes ``activation`` (None or 'relu', fused into the kernel) and ``kernel`` (a version of the CUDA ladder)
+  keywords; its output is channels-last only when ``input`` is (torch's also when only ``weight`` is).
 """
 
 import operator
 from typing import Optional
 
 import torch
+import torch.nn.functional as F_torch
 from torch import Tensor
 from torch.nn import _reduction as _Reduction
 
 from . import ops
 from .ops._common import not_a_tensor
+from .ops.conv2d import _pair as _conv2d_pair
 
 __all__ = [
     "relu",
@@ -32,6 +36,7 @@ __all__ = [
     "multi_margin_loss",
     "linear",
     "matmul",
+    "conv2d",
 ]
 
 
@@ -171,3 +176,52 @@ def matmul(input: Tensor, other: Tensor, kernel: Optional[str] = None) -> Tensor
     if not isinstance(other, Tensor):
         raise not_a_tensor("matmul", "other", other)
     return ops.matmul(input, other, kernel)
+
+
+def _conv2d_same_padding(input: Tensor, weight: Tensor, stride, dilation) -> tuple[Tensor, list[int]]:
+    """padding='same' as torch computes it (ATen's _convolution_mode): each dimension padded by dilation (k - 1) in
+    total, half on each side; where that total is odd the extra row or column goes after the input (one F.pad)."""
+    stride = _conv2d_pair("stride", stride)
+    dilation = _conv2d_pair("dilation", dilation)
+    if any(s != 1 for s in stride):
+        raise ValueError("torchext conv2d(): padding='same' is not supported for strided convolutions")
+    total = [dilation[d] * (weight.shape[2 + d] - 1) for d in range(2)]
+    left = [t // 2 for t in total]
+    extra = [total[d] - 2 * left[d] for d in range(2)]
+    if any(extra):
+        input = F_torch.pad(input, (0, extra[1], 0, extra[0]))
+    return input, left
+
+
+def conv2d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    stride=1,
+    padding=0,
+    dilation=1,
+    groups: int = 1,
+    *,
+    activation: Optional[str] = None,
+    kernel: Optional[str] = None,
+) -> Tensor:
+    """torch.nn.functional.conv2d (batched (N, C, H, W) or unbatched (C, H, W) input; padding an int, a pair, 'valid'
+    or 'same'), plus ``activation`` (None / 'none' or 'relu', fused into the kernel) and ``kernel`` (a version of the
+    CUDA ladder, torchext.ops.conv2d.CONV2D_KERNELS, or 'cpu'; None the fastest that supports the
+    arguments)."""
+    if not isinstance(input, Tensor):
+        raise not_a_tensor("conv2d", "input", input)
+    if not isinstance(weight, Tensor):
+        raise not_a_tensor("conv2d", "weight", weight)
+    unbatched = input.dim() == 3
+    if unbatched:
+        input = input.unsqueeze(0)
+    if isinstance(padding, str):
+        if padding == "valid":
+            padding = 0
+        elif padding == "same":
+            input, padding = _conv2d_same_padding(input, weight, stride, dilation)
+        else:
+            raise ValueError(f"torchext conv2d(): `padding` must be 'valid', 'same' or int(s), got {padding!r}")
+    out = ops.conv2d(input, weight, bias, stride, padding, dilation, groups, activation, kernel)
+    return out.squeeze(0) if unbatched else out

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from . import functional as F
+from .ops.conv2d import conv2d_activation_name
 from .ops.matmul import activation_name
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "BCEWithLogitsLoss",
     "MultiMarginLoss",
     "Linear",
+    "Conv2d",
 ]
 
 
@@ -153,3 +155,68 @@ class Linear(nn.Linear):
         if linear.bias is not None:
             module.bias.requires_grad_(linear.bias.requires_grad)
         return module.train(linear.training)
+
+
+class Conv2d(nn.Conv2d):
+    """torch.nn.Conv2d computed by torchext's conv2d, with an optional ReLU fused into the same kernel.
+
+    Same constructor arguments (plus ``activation``: None / 'none' or 'relu'), parameters, initialisation and
+    state_dict keys as torch.nn.Conv2d, so checkpoints load both ways. ``padding`` may be an int, a pair, 'valid' or
+    'same'; a ``padding_mode`` other than 'zeros' pads the input with F.pad first, as torch.nn.Conv2d does. A stock
+    layer converts with ``Conv2d.from_torch(conv, activation=...)``.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        device=None,
+        dtype=None,
+        activation: Optional[str] = None,
+    ) -> None:
+        super().__init__(
+            in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
+            device=device, dtype=dtype,
+        )  # fmt: skip
+        self.activation = conv2d_activation_name(activation)
+
+    def _conv_forward(self, input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+        if self.padding_mode != "zeros":
+            padded = torch.nn.functional.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
+            return F.conv2d(padded, weight, bias, self.stride, 0, self.dilation, self.groups,
+                            activation=self.activation)  # fmt: skip
+        return F.conv2d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups,
+                        activation=self.activation)  # fmt: skip
+
+    def forward(self, input: Tensor) -> Tensor:
+        return self._conv_forward(input, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        extra = super().extra_repr()
+        return extra if self.activation == "none" else f"{extra}, activation={self.activation!r}"
+
+    @classmethod
+    def from_torch(cls, conv: nn.Conv2d, activation: Optional[str] = None) -> "Conv2d":
+        """A torchext Conv2d holding a copy of ``conv``'s parameters, on its device, in its dtype, in its training
+        mode, with the same requires_grad flags."""
+        weight = conv.weight
+        module = torch.nn.utils.skip_init(
+            cls, conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding, conv.dilation,
+            conv.groups, conv.bias is not None, conv.padding_mode, device=weight.device, dtype=weight.dtype,
+            activation=activation,
+        )  # fmt: skip
+        with torch.no_grad():
+            module.weight.copy_(weight)
+            if conv.bias is not None:
+                module.bias.copy_(conv.bias)
+        module.weight.requires_grad_(weight.requires_grad)
+        if conv.bias is not None:
+            module.bias.requires_grad_(conv.bias.requires_grad)
+        return module.train(conv.training)

@@ -1,8 +1,8 @@
 """swap_modules: turn a stock model into a torchext one, keeping its parameters, state_dict keys and outputs.
 
-``swap_modules(model)`` walks the module tree and gives every ``nn.Linear`` and every activation module that
-torchext implements torchext's class instead (``torchext.nn`` subclasses the torch.nn classes and only changes
-``forward``). Swapping changes a module's class in place: the module object, its Parameters and buffers (same
+``swap_modules(model)`` walks the module tree and gives every ``nn.Linear``, every ``nn.Conv2d`` and every
+activation module that torchext implements torchext's class instead (``torchext.nn`` subclasses the torch.nn
+classes and only changes ``forward``). Swapping changes a module's class in place: the module object, its Parameters and buffers (same
 tensors, devices, dtypes, ``requires_grad``), its hooks and its training flag are kept, so an optimizer built
 before the swap still holds the model's parameters. ``inplace=False`` swaps a deep copy instead and leaves the
 argument untouched.
@@ -15,9 +15,10 @@ hooks, or the Sequential is a subclass with its own ``forward``. Code that walks
 (``for layer in seq: ...`` keeping the intermediate outputs) would see the Linear's output already activated: use
 ``fuse=False`` for such models.
 
-Only exact classes are swapped: a user subclass of ``nn.ReLU`` (or ``nn.Linear``) may have its own ``forward``, so
-it is left stock and named in the report. The report (``SwapReport``) lists what was replaced, what was fused,
-what was left stock and why, and what was torchext's already; swapping a swapped model is a no-op.
+Only exact classes are swapped: a user subclass of ``nn.ReLU`` (or ``nn.Linear``, ``nn.Conv2d``) may have its own
+``forward``, so it is left stock and named in the report. The report (``SwapReport``) lists what was replaced, what
+was fused, what was left stock and why, and what was torchext's already; swapping a swapped model is a no-op.
+A Conv2d is not fused with a following ReLU here (``torchext.nn.Conv2d(activation='relu')`` does that by hand).
 
 Losses are not modules of a model: choose ``torchext.nn.CrossEntropyLoss`` (label smoothing supported) where the
 training loop builds its loss.
@@ -213,11 +214,16 @@ def _is_script_module(module: nn.Module) -> bool:
 
 
 def swap_modules(
-    model: nn.Module, linear: bool = True, activations: bool = True, inplace: bool = True, fuse: bool = True
+    model: nn.Module,
+    linear: bool = True,
+    activations: bool = True,
+    inplace: bool = True,
+    fuse: bool = True,
+    conv: bool = True,
 ) -> SwapReport:
-    """Swap ``model``'s ``nn.Linear`` (``linear=True``) and activation modules (``activations=True``: ReLU,
-    LeakyReLU, Sigmoid, Tanh, GELU, SiLU, Softmax, LogSoftmax) for torchext's, in place (``inplace=True``) or in a
-    deep copy, fusing Linear + ReLU/GELU/SiLU pairs of a Sequential with ``fuse=True`` (which needs both
+    """Swap ``model``'s ``nn.Linear`` (``linear=True``), ``nn.Conv2d`` (``conv=True``) and activation modules
+    (``activations=True``: ReLU, LeakyReLU, Sigmoid, Tanh, GELU, SiLU, Softmax, LogSoftmax) for torchext's, in place
+    (``inplace=True``) or in a deep copy, fusing Linear + ReLU/GELU/SiLU pairs of a Sequential with ``fuse=True`` (which needs both
     ``linear`` and ``activations``). Returns a ``SwapReport``; ``report.model`` is the swapped model.
 
     Swap before wrapping the model in ``torch.compile`` or DistributedDataParallel.
@@ -250,6 +256,13 @@ def swap_modules(
                 report.replaced.append(Replaced(name, class_name(cls), class_name(tnn.Linear)))
             else:
                 report.left_stock.append(LeftStock(name, class_name(cls), "linear=False"))
+        elif cls is nn.Conv2d:
+            if conv:
+                module.__class__ = tnn.Conv2d
+                module.activation = "none"
+                report.replaced.append(Replaced(name, class_name(cls), class_name(tnn.Conv2d)))
+            else:
+                report.left_stock.append(LeftStock(name, class_name(cls), "conv=False"))
         elif cls in _ACTIVATIONS:
             if activations:
                 module.__class__ = _ACTIVATIONS[cls]
@@ -257,7 +270,7 @@ def swap_modules(
             else:
                 report.left_stock.append(LeftStock(name, class_name(cls), "activations=False"))
         else:
-            base = next((b for b in (nn.Linear, *_ACTIVATIONS, *_LOSSES) if isinstance(module, b)), None)
+            base = next((b for b in (nn.Linear, nn.Conv2d, *_ACTIVATIONS, *_LOSSES) if isinstance(module, b)), None)
             if base is not None and base in _LOSSES and cls is base:
                 reason = f"a loss: build {class_name(_LOSSES[base])} in the training loop instead"
                 report.left_stock.append(LeftStock(name, class_name(cls), reason))

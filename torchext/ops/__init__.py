@@ -2,6 +2,7 @@
 fake kernel and the autograd and autocast rules written in Python (the rest are C++: csrc/autograd.cpp)."""
 
 from .activations import gelu, leaky_relu, relu, sigmoid, silu, tanh
+from .conv2d import conv2d, conv2d_stats
 from .cross_entropy import check_targets, cross_entropy
 from .losses import binary_cross_entropy_with_logits, mse_loss, multi_margin_loss
 from .matmul import linear, matmul, matmul_kernel
@@ -24,4 +25,6 @@ __all__ = [
     "matmul",
     "matmul_kernel",
     "linear",
+    "conv2d",
+    "conv2d_stats",
 ]
