@@ -310,13 +310,13 @@ size_t conv2d_backward_bias_workspace_bytes(const Conv2dArgs<T>& args) {
 
 template <typename T>
 cudaError_t conv2d_backward_bias(const Conv2dArgs<T>& args, T* grad_bias, cudaStream_t stream, void* workspace) {
-  if (grad_bias == nullptr) return cudaErrorInvalidValue;
+  if (grad_bias == nullptr && args.shape.k > 0) return cudaErrorInvalidValue;
   return reduce_channels<T, false>(args, grad_bias, nullptr, stream, workspace);
 }
 
 template <typename T>
 cudaError_t conv2d_output_stats(const Conv2dArgs<T>& args, cudaStream_t stream, void* workspace) {
-  if (args.stats == nullptr) return cudaErrorInvalidValue;
+  if (args.stats == nullptr && args.shape.k > 0) return cudaErrorInvalidValue;
   return reduce_channels<T, true>(args, nullptr, args.stats, stream, workspace);
 }
 
