@@ -95,12 +95,20 @@ def _expected_strides(shape, fmt):
     return torch.empty(shape, memory_format=fmt).stride()
 
 
+def _rule_format(t):
+    """csrc/conv2d.h's layout rule: channels-last where the tensor suggests it (a 1x1 weight or a 1x1 image is
+    ambiguous and suggests contiguous), else contiguous."""
+    from torchext.ops.conv2d import _memory_format
+
+    return _memory_format(t)
+
+
 def _check_shape(shape, variant, dtype, layout, act):
     x, w, b, g, conv = _make(shape, dtype, layout)
     st, pad, dil, groups = _pair(conv["stride"]), _pair(conv["padding"]), _pair(conv["dilation"]), conv["groups"]
     op = torch.ops.torchext
     tag = f"{variant}-{_name(dtype)}-{layout}-{shape}"
-    fmt = _fmt(layout)
+    fmt = _rule_format(x)
 
     # float64 references and torch's own result in this dtype.
     # The references see the same rounded inputs as ours; the backward is the convolution's alone (no relu).
@@ -160,7 +168,7 @@ def _check_shape(shape, variant, dtype, layout, act):
             if j != i:
                 assert res[j].numel() == 0, f"[{tag} {what}] output {j} not requested but not empty"
         assert got.shape == like.shape and got.dtype == dtype
-        expect_fmt = fmt if i < 2 else torch.contiguous_format
+        expect_fmt = (fmt, _rule_format(w), torch.contiguous_format)[i]
         assert got.stride() == _expected_strides(got.shape, expect_fmt), f"[{tag} {what} strides] {got.stride()}"
         assert_accurate(got, theirs, ref, f"{tag} {what}")
         again = op.conv2d_backward(g, x, w, st, pad, dil, groups, mask, variant)[i]
