@@ -97,19 +97,26 @@ struct FastDivmod {
   }
 };
 
+// The gathered operand of both GEMMs: pixel m of the output grid -> (image, p, q), column k -> tap (r, s) and
+// channel; x[image, ih, iw, ch] at x + image x_sn + ih x_sh + iw x_sw + ch with ih = p stride_h - pad_h + r dil_h
+// (likewise iw). Pads may be negative (backward_input's phases).
+template <typename T>
+struct Gather {
+  FastDivmod pq, q;  // m -> image, pixel -> (p, q)
+  FastDivmod c, s;   // k -> tap (r, s) and channel
+  const T* x = nullptr;
+  int64_t x_sn = 0, x_sh = 0, x_sw = 0;
+  int h = 0, w = 0;
+  int stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;
+};
+
 // The forward's GEMM (also one phase of backward_input): y[m -> (image, p, q), j] = act(bias[j] +
 // sum_k A[m, k] B[k, j]), A gathered from x, B the weight as n rows of k values (K-major).
 template <typename T>
 struct FpropParams {
   int m = 0, n = 0, k = 0;  // rows (output pixels), columns (output channels), R S C
   int tiles_m = 0, tiles_n = 0;
-  FastDivmod pq, q;  // m -> image, pixel -> (p, q)
-  FastDivmod c, s;   // k -> tap (r, s) and channel
-  // x[image, ih, iw, ch] at x + image x_sn + ih x_sh + iw x_sw + ch; ih = p stride_h - pad_h + r dil_h.
-  const T* x = nullptr;
-  int64_t x_sn = 0, x_sh = 0, x_sw = 0;
-  int h = 0, w = 0;
-  int stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;  // pads may be negative
+  Gather<T> g;
   const T* wt = nullptr;  // row j at wt + j w_lead
   int64_t w_lead = 0;
   T* y = nullptr;  // element (image, p, q, j) at y + image y_sn + p y_sh + q y_sw + j
@@ -125,13 +132,9 @@ struct WgradParams {
   int m = 0, n = 0, k = 0;  // output channels, R S C, N P Q
   int tiles_m = 0, tiles_n = 0;
   int kt_per_split = 0;
-  FastDivmod pq, q, c, s;
+  Gather<T> g;
   const T* dy = nullptr;  // pixel kk's channels at dy + kk dy_lead
   int64_t dy_lead = 0;
-  const T* x = nullptr;
-  int64_t x_sn = 0, x_sh = 0, x_sw = 0;
-  int h = 0, w = 0;
-  int stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;
   T* dw = nullptr;  // one split: element (i, j) at dw + i dw_lead + j
   int64_t dw_lead = 0;
   float* partial = nullptr;  // several splits: [split][m][n]
@@ -245,12 +248,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) conv2d_fprop_k
     const int m = bm0 + r;
     if (m < p.m) {
       int image, pix, pp, qq;
-      p.pq.divmod(m, image, pix);
-      p.q.divmod(pix, pp, qq);
-      row_x[r] = image * p.x_sn;
+      p.g.pq.divmod(m, image, pix);
+      p.g.q.divmod(pix, pp, qq);
+      row_x[r] = image * p.g.x_sn;
       row_y[r] = image * p.y_sn + pp * p.y_sh + qq * p.y_sw;
-      row_ih[r] = pp * p.stride_h - p.pad_h;
-      row_iw[r] = qq * p.stride_w - p.pad_w;
+      row_ih[r] = pp * p.g.stride_h - p.g.pad_h;
+      row_iw[r] = qq * p.g.stride_w - p.g.pad_w;
     } else {
       row_x[r] = 0;
       row_y[r] = 0;
@@ -268,16 +271,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) conv2d_fprop_k
     const int kk = kt * BK + a_c * kElems;
     const bool k_ok = kk < p.k;
     int tap, ch, tr, ts;
-    p.c.divmod(kk, tap, ch);
-    p.s.divmod(tap, tr, ts);
-    const int dh = tr * p.dil_h, dw = ts * p.dil_w;
+    p.g.c.divmod(kk, tap, ch);
+    p.g.s.divmod(tap, tr, ts);
+    const int dh = tr * p.g.dil_h, dw = ts * p.g.dil_w;
 #pragma unroll
     for (int i = 0; i < kAPasses; ++i) {
       const int r = a_r + i * kARowsPerPass;
       const int ih = row_ih[r] + dh, iw = row_iw[r] + dw;
-      const bool ok = k_ok && static_cast<unsigned>(ih) < static_cast<unsigned>(p.h) &&
-                      static_cast<unsigned>(iw) < static_cast<unsigned>(p.w);
-      const T* src = ok ? p.x + row_x[r] + ih * p.x_sh + iw * p.x_sw + ch : p.x;
+      const bool ok = k_ok && static_cast<unsigned>(ih) < static_cast<unsigned>(p.g.h) &&
+                      static_cast<unsigned>(iw) < static_cast<unsigned>(p.g.w);
+      const T* src = ok ? p.g.x + row_x[r] + ih * p.g.x_sh + iw * p.g.x_sw + ch : p.g.x;
       cp_async16(stage + r * kLineBytes + ((a_c ^ (r & 7)) << 4), src, ok ? 16 : 0);
     }
     b_loader.load_edge(stage + kBOffset, p.wt, p.w_lead, p.k, kt * BK);
@@ -352,10 +355,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) conv2d_wgrad_k
   const int col = bn0 + b_c * kElems;
   const bool col_ok = col < p.n;
   int tap, ch, tr, ts;
-  p.c.divmod(col_ok ? col : 0, tap, ch);
-  p.s.divmod(tap, tr, ts);
-  const int oh = tr * p.dil_h - p.pad_h, ow = ts * p.dil_w - p.pad_w;
-  const T* xc = p.x + ch;
+  p.g.c.divmod(col_ok ? col : 0, tap, ch);
+  p.g.s.divmod(tap, tr, ts);
+  const int oh = tr * p.g.dil_h - p.g.pad_h, ow = ts * p.g.dil_w - p.g.pad_w;
+  const T* xc = p.g.x + ch;
   auto load_tile = [&](uint32_t stage, int kt) {
     a_loader.load_edge(stage, p.dy, p.dy_lead, p.k, kt * BK);
 #pragma unroll 4
@@ -363,15 +366,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) conv2d_wgrad_k
       const int line = b_line + i * kBLinesPerPass;
       const int pix = kt * BK + line;
       bool ok = col_ok && pix < p.k;
-      const T* src = p.x;
+      const T* src = p.g.x;
       if (ok) {
         int image, rem, pp, qq;
-        p.pq.divmod(pix, image, rem);
-        p.q.divmod(rem, pp, qq);
-        const int ih = pp * p.stride_h + oh, iw = qq * p.stride_w + ow;
-        ok = static_cast<unsigned>(ih) < static_cast<unsigned>(p.h) &&
-             static_cast<unsigned>(iw) < static_cast<unsigned>(p.w);
-        src = ok ? xc + image * p.x_sn + ih * p.x_sh + iw * p.x_sw : p.x;
+        p.g.pq.divmod(pix, image, rem);
+        p.g.q.divmod(rem, pp, qq);
+        const int ih = pp * p.g.stride_h + oh, iw = qq * p.g.stride_w + ow;
+        ok = static_cast<unsigned>(ih) < static_cast<unsigned>(p.g.h) &&
+             static_cast<unsigned>(iw) < static_cast<unsigned>(p.g.w);
+        src = ok ? xc + image * p.g.x_sn + ih * p.g.x_sh + iw * p.g.x_sw : p.g.x;
       }
       cp_async16(stage + kBOffset + line * (BN * ES) + (mn_major_chunk<ES>(b_c, line) << 4), src, ok ? 16 : 0);
     }
@@ -517,6 +520,30 @@ int64_t stats_partial_bytes(int64_t m, int64_t n) {
 
 size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 
+// The gathered operand for the forward and the weight gradient: x itself, with the convolution's geometry.
+template <typename T>
+Gather<T> input_gather(const Conv2dArgs<T>& a) {
+  const Conv2dShape& sh = a.shape;
+  Gather<T> g;
+  g.pq = FastDivmod(static_cast<int>(std::max<int64_t>(1, sh.p * sh.q)));
+  g.q = FastDivmod(static_cast<int>(std::max<int64_t>(1, sh.q)));
+  g.c = FastDivmod(static_cast<int>(std::max<int64_t>(1, sh.c)));
+  g.s = FastDivmod(static_cast<int>(sh.s));
+  g.x = a.x.data;
+  g.x_sn = a.x.sn;
+  g.x_sh = a.x.sh;
+  g.x_sw = a.x.sw;
+  g.h = static_cast<int>(sh.h);
+  g.w = static_cast<int>(sh.w);
+  g.stride_h = static_cast<int>(sh.stride_h);
+  g.stride_w = static_cast<int>(sh.stride_w);
+  g.pad_h = static_cast<int>(sh.pad_h);
+  g.pad_w = static_cast<int>(sh.pad_w);
+  g.dil_h = static_cast<int>(sh.dil_h);
+  g.dil_w = static_cast<int>(sh.dil_w);
+  return g;
+}
+
 template <typename T>
 cudaError_t forward(const Conv2dArgs<T>& a, cudaStream_t stream, void* workspace) {
   const Conv2dShape& sh = a.shape;
@@ -524,22 +551,7 @@ cudaError_t forward(const Conv2dArgs<T>& a, cudaStream_t stream, void* workspace
   p.m = static_cast<int>(sh.n * sh.p * sh.q);
   p.n = static_cast<int>(sh.k);
   p.k = static_cast<int>(sh.r * sh.s * sh.c);
-  p.pq = FastDivmod(static_cast<int>(std::max<int64_t>(1, sh.p * sh.q)));
-  p.q = FastDivmod(static_cast<int>(std::max<int64_t>(1, sh.q)));
-  p.c = FastDivmod(static_cast<int>(std::max<int64_t>(1, sh.c)));
-  p.s = FastDivmod(static_cast<int>(sh.s));
-  p.x = a.x.data;
-  p.x_sn = a.x.sn;
-  p.x_sh = a.x.sh;
-  p.x_sw = a.x.sw;
-  p.h = static_cast<int>(sh.h);
-  p.w = static_cast<int>(sh.w);
-  p.stride_h = static_cast<int>(sh.stride_h);
-  p.stride_w = static_cast<int>(sh.stride_w);
-  p.pad_h = static_cast<int>(sh.pad_h);
-  p.pad_w = static_cast<int>(sh.pad_w);
-  p.dil_h = static_cast<int>(sh.dil_h);
-  p.dil_w = static_cast<int>(sh.dil_w);
+  p.g = input_gather(a);
   p.wt = a.w.data;
   p.w_lead = a.w.sn;
   p.y = a.y.data;
@@ -594,18 +606,18 @@ cudaError_t backward_input(const Conv2dArgs<T>& a, cudaStream_t stream, void* wo
       p.m = static_cast<int>(sh.n * hi * wi);
       p.n = static_cast<int>(sh.c);
       p.k = static_cast<int>(taps * sh.k);
-      p.pq = FastDivmod(static_cast<int>(hi * wi));
-      p.q = FastDivmod(static_cast<int>(wi));
-      p.c = FastDivmod(static_cast<int>(std::max<int64_t>(1, sh.k)));
-      p.s = FastDivmod(static_cast<int>(std::max<int64_t>(1, ts_count)));
-      p.x = a.y.data;  // dy, (n, p, q, k)
-      p.x_sn = a.y.sn;
-      p.x_sh = a.y.sh;
-      p.x_sw = a.y.sw;
-      p.h = static_cast<int>(sh.p);
-      p.w = static_cast<int>(sh.q);
-      p.pad_h = static_cast<int>(tr_count - 1 - d_h);  // dy row i - pad_h + t = i + d_h - (tr_count - 1 - t)
-      p.pad_w = static_cast<int>(ts_count - 1 - d_w);
+      p.g.pq = FastDivmod(static_cast<int>(hi * wi));
+      p.g.q = FastDivmod(static_cast<int>(wi));
+      p.g.c = FastDivmod(static_cast<int>(std::max<int64_t>(1, sh.k)));
+      p.g.s = FastDivmod(static_cast<int>(std::max<int64_t>(1, ts_count)));
+      p.g.x = a.y.data;  // dy, (n, p, q, k)
+      p.g.x_sn = a.y.sn;
+      p.g.x_sh = a.y.sh;
+      p.g.x_sw = a.y.sw;
+      p.g.h = static_cast<int>(sh.p);
+      p.g.w = static_cast<int>(sh.q);
+      p.g.pad_h = static_cast<int>(tr_count - 1 - d_h);  // dy row i - pad_h + t = i + d_h - (tr_count - 1 - t)
+      p.g.pad_w = static_cast<int>(ts_count - 1 - d_w);
       p.wt = wp;
       p.w_lead = taps * sh.k;
       p.y = a.x.data + ph * a.x.sh + pw * a.x.sw;  // dx at the phase's pixels
@@ -648,24 +660,9 @@ cudaError_t backward_weight(const Conv2dArgs<T>& a, cudaStream_t stream, void* w
   p.n = static_cast<int>(sh.r * sh.s * sh.c);
   p.k = static_cast<int>(sh.n * sh.p * sh.q);
   if (p.m == 0 || p.n == 0) return cudaSuccess;
-  p.pq = FastDivmod(static_cast<int>(std::max<int64_t>(1, sh.p * sh.q)));
-  p.q = FastDivmod(static_cast<int>(std::max<int64_t>(1, sh.q)));
-  p.c = FastDivmod(static_cast<int>(std::max<int64_t>(1, sh.c)));
-  p.s = FastDivmod(static_cast<int>(sh.s));
+  p.g = input_gather(a);
   p.dy = a.y.data;
   p.dy_lead = sh.k;
-  p.x = a.x.data;
-  p.x_sn = a.x.sn;
-  p.x_sh = a.x.sh;
-  p.x_sw = a.x.sw;
-  p.h = static_cast<int>(sh.h);
-  p.w = static_cast<int>(sh.w);
-  p.stride_h = static_cast<int>(sh.stride_h);
-  p.stride_w = static_cast<int>(sh.stride_w);
-  p.pad_h = static_cast<int>(sh.pad_h);
-  p.pad_w = static_cast<int>(sh.pad_w);
-  p.dil_h = static_cast<int>(sh.dil_h);
-  p.dil_w = static_cast<int>(sh.dil_w);
   p.dw = a.w.data;
   p.dw_lead = a.w.sn;
   const int splits = p.k == 0 ? 1 : static_cast<int>(wgrad_splits_for<T>(sh));
