@@ -100,10 +100,11 @@ inline std::vector<int64_t> conv2d_out_shape(const at::Tensor& input, const at::
   return shape;
 }
 
-// The layout rule (see the top of this file).
-inline at::MemoryFormat conv2d_memory_format(const at::Tensor& input) {
-  return input.suggest_memory_format() == at::MemoryFormat::ChannelsLast ? at::MemoryFormat::ChannelsLast
-                                                                           : at::MemoryFormat::Contiguous;
+// The layout rule (see the top of this file): of the output and grad_input given `input`, and of grad_weight given
+// the weight.
+inline at::MemoryFormat conv2d_memory_format(const at::Tensor& t) {
+  return t.suggest_memory_format() == at::MemoryFormat::ChannelsLast ? at::MemoryFormat::ChannelsLast
+                                                                       : at::MemoryFormat::Contiguous;
 }
 
 // conv2d_backward's checks: the forward's, and grad_output shaped like the forward's output.

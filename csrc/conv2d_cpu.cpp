@@ -427,9 +427,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv2d_backward_cpu(const at::Ten
   if (output_mask[0]) grad_input = at::empty(input.sizes(), opts.memory_format(conv2d_memory_format(input)));
   at::Tensor gw;
   if (output_mask[1]) {
-    const at::MemoryFormat wfmt = weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast
-                                      ? at::MemoryFormat::ChannelsLast
-                                      : at::MemoryFormat::Contiguous;
+    const at::MemoryFormat wfmt = conv2d_memory_format(weight);  // csrc/conv2d.h's rule, for grad_weight
     grad_weight = at::empty(weight.sizes(), opts.memory_format(wfmt));
     gw = wfmt == at::MemoryFormat::Contiguous ? grad_weight : at::empty(weight.sizes(), opts);
   }

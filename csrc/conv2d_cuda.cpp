@@ -298,10 +298,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv2d_backward_cuda(const at::Te
     }
   }
   if (output_mask[1]) {
-    // The weight's own layout (csrc/conv2d.h): channels-last when it suggests channels-last, else contiguous.
-    const at::MemoryFormat wf = weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast
-                                    ? at::MemoryFormat::ChannelsLast
-                                    : at::MemoryFormat::Contiguous;
+    const at::MemoryFormat wf = conv2d_memory_format(weight);  // csrc/conv2d.h's rule, for grad_weight
     grad_weight = at::empty(weight.sizes(), opts.memory_format(wf));
     if (grad_weight.numel() > 0 && shape.n == 0) {
       grad_weight.zero_();
