@@ -88,48 +88,36 @@ class Problem:
     def cudnn(self, mode):
         x, w, gy, st, pd = self.x, self.w, self.gy, self.stride, self.pad
         back = torch.ops.aten.convolution_backward.default
-
-        def fwd():
-            return F.conv2d(x, w, None, st, pd)
-
-        def bwd(mask):
-            return lambda: back(gy, x, w, None, st, pd, (1, 1), False, (0, 0), 1, mask)
-
-        if mode == "fwd":
-            return fwd
-        if mode == "bwd_input":
-            return bwd([True, False, False])
-        if mode == "bwd_weight":
-            return bwd([False, True, False])
-
-        def step():
-            fwd()
-            back(gy, x, w, None, st, pd, (1, 1), False, (0, 0), 1, [True, True, False])
-
-        return step
+        return by_mode(
+            mode,
+            lambda: F.conv2d(x, w, None, st, pd),
+            lambda mask: back(gy, x, w, None, st, pd, (1, 1), False, (0, 0), 1, mask),
+        )
 
     def torchext(self, mode, variant):
         x, w, gy, st, pd = self.x, self.w, self.gy, list(self.stride), list(self.pad)
         conv, back = torch.ops.torchext.conv2d.default, torch.ops.torchext.conv2d_backward.default
+        return by_mode(
+            mode,
+            lambda: conv(x, w, None, st, pd, [1, 1], 1, "none", variant),
+            lambda mask: back(gy, x, w, st, pd, [1, 1], 1, mask, variant),
+        )
 
-        def fwd():
-            return conv(x, w, None, st, pd, [1, 1], 1, "none", variant)
 
-        def bwd(mask):
-            return lambda: back(gy, x, w, st, pd, [1, 1], 1, mask, variant)
+def by_mode(mode, fwd, bwd):
+    """The call `mode` times, from a provider's forward fwd() and backward bwd(output_mask)."""
+    if mode == "fwd":
+        return fwd
+    if mode == "bwd_input":
+        return lambda: bwd([True, False, False])
+    if mode == "bwd_weight":
+        return lambda: bwd([False, True, False])
 
-        if mode == "fwd":
-            return fwd
-        if mode == "bwd_input":
-            return bwd([True, False, False])
-        if mode == "bwd_weight":
-            return bwd([False, True, False])
+    def step():
+        fwd()
+        bwd([True, True, False])
 
-        def step():
-            fwd()
-            back(gy, x, w, st, pd, [1, 1], 1, [True, True, False], variant)
-
-        return step
+    return step
 
 
 def flops_of(mode, flops):
@@ -166,7 +154,9 @@ def main(argv=None):
             model, batch, shapes = MODELS[mkey]
             totals = {}  # (op, provider, mode) -> weighted time
             print(f"## {model}, batch {batch}, {dname}, channels-last\n")
-            print("| shape | count | mode | cuDNN us | " + " | ".join(f"{names[v]} us" for v in variants) + " | ratio |")
+            print(
+                "| shape | count | mode | cuDNN us | " + " | ".join(f"{names[v]} us" for v in variants) + " | ratio |"
+            )
             print("|---|---|---|---|" + "---|" * len(variants) + "---|")
             for count, c, k, h, r, stride, pad in shapes:
                 prob = Problem(batch, c, k, h, r, stride, pad, dtype, device)
@@ -187,11 +177,13 @@ def main(argv=None):
                     times = time_interleaved(fns, device, warmup=3, reps=args.reps)
                     fl = flops_of(mode, prob.flops)
                     writer.timing("conv2d", "cudnn", mode, [shape], dname, times[0], flops=fl)
-                    for v, t in zip(usable, times[1:]):
+                    for v, t in zip(usable, times[1:], strict=True):
                         writer.timing("conv2d", names[v], mode, [shape], dname, t, flops=fl)
                     ops = ["conv2d_all"] + (["conv2d_3x3"] if r == 3 else [])
                     for op in ops:
-                        for prov, t in [("cudnn", times[0])] + [(names[v], tt) for v, tt in zip(usable, times[1:])]:
+                        for prov, t in [("cudnn", times[0])] + [
+                            (names[v], tt) for v, tt in zip(usable, times[1:], strict=True)
+                        ]:
                             totals[(op, prov, mode)] = totals.get((op, prov, mode), 0.0) + count * t.p50
                     cells = []
                     for v in variants:
@@ -199,8 +191,9 @@ def main(argv=None):
                     ratio = times[0].p50 / times[1].p50 if None in usable else float("nan")
                     tflops = fl / times[1].p50 / 1e6 if None in usable else float("nan")
                     print(
-                        f"| {shape} | {count} | {mode} | {times[0].p50:.1f} | " + " | ".join(cells) +
-                        f" | {ratio:.2f} ({tflops:.0f} TFLOP/s) |"
+                        f"| {shape} | {count} | {mode} | {times[0].p50:.1f} | "
+                        + " | ".join(cells)
+                        + f" | {ratio:.2f} ({tflops:.0f} TFLOP/s) |"
                     )
                 del prob
                 torch.cuda.empty_cache()
