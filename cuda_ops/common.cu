@@ -29,4 +29,15 @@ int compute_capability() {
   return 10 * major + minor;
 }
 
+int smem_optin() {
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};
+  int device = 0, bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  if (device < kMaxDevices && cached[device] != 0) return cached[device];
+  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
+  if (device < kMaxDevices) cached[device] = bytes;  // benign race: every thread writes the same value
+  return bytes;
+}
+
 }  // namespace torchext::cuda_ops

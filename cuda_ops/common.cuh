@@ -39,6 +39,10 @@ int sm_count();
 // query fails.
 int compute_capability();
 
+// The most shared memory one block of the current device can opt in to, in bytes, cached per device; 0 if the query
+// fails.
+int smem_optin();
+
 // Blocks for a grid-stride loop over `work` items at `threads` per block: enough to fill every multiprocessor a
 // few times over, never more than the work needs.
 inline unsigned grid_for(int64_t work, int threads, int blocks_per_sm = 8) {

@@ -447,13 +447,6 @@ __global__ void conv2d_phase_weight_kernel(Tensor4<const T> w, int64_t kout, int
 // ---------------------------------------------------------------------------------------------------------------
 // Host side
 
-int smem_optin() {
-  int device = 0, bytes = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
-  return bytes;
-}
-
 int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
 // A channels-last activation tensor the 16-byte loads can read: channel stride 1, the channel count and the
