@@ -107,6 +107,19 @@ class MultiMarginLoss(nn.MultiMarginLoss):
         return F.multi_margin_loss(input, target, p=self.p, margin=self.margin, weight=self.weight, reduction=self.reduction)
 
 
+def _copy_parameters(module: nn.Module, source: nn.Module) -> nn.Module:
+    """``module`` (built by ``from_torch`` with skip_init) given a copy of ``source``'s weight and bias, their
+    requires_grad flags and its training mode."""
+    with torch.no_grad():
+        module.weight.copy_(source.weight)
+        if source.bias is not None:
+            module.bias.copy_(source.bias)
+    module.weight.requires_grad_(source.weight.requires_grad)
+    if source.bias is not None:
+        module.bias.requires_grad_(source.bias.requires_grad)
+    return module.train(source.training)
+
+
 class Linear(nn.Linear):
     """torch.nn.Linear with an optional activation fused into the same kernel: y = act(x W^T + b).
 
@@ -147,14 +160,7 @@ class Linear(nn.Linear):
             dtype=weight.dtype,
             activation=activation,
         )
-        with torch.no_grad():
-            module.weight.copy_(weight)
-            if linear.bias is not None:
-                module.bias.copy_(linear.bias)
-        module.weight.requires_grad_(weight.requires_grad)
-        if linear.bias is not None:
-            module.bias.requires_grad_(linear.bias.requires_grad)
-        return module.train(linear.training)
+        return _copy_parameters(module, linear)
 
 
 class Conv2d(nn.Conv2d):
@@ -212,11 +218,4 @@ class Conv2d(nn.Conv2d):
             conv.groups, conv.bias is not None, conv.padding_mode, device=weight.device, dtype=weight.dtype,
             activation=activation,
         )  # fmt: skip
-        with torch.no_grad():
-            module.weight.copy_(weight)
-            if conv.bias is not None:
-                module.bias.copy_(conv.bias)
-        module.weight.requires_grad_(weight.requires_grad)
-        if conv.bias is not None:
-            module.bias.requires_grad_(conv.bias.requires_grad)
-        return module.train(conv.training)
+        return _copy_parameters(module, conv)
