@@ -30,6 +30,8 @@
 // cross_entropy_backward's `lse` and `total_weight` (non-differentiable results of cross_entropy). Every other
 // derivative is exact almost everywhere: relu's and leaky_relu's second derivatives are zero, as torch's are, and
 // so is multi_margin_loss's for p=1 (torch's multi_margin_loss has no second derivative at all: it raises).
+#include "autograd.h"
+
 #include <ATen/autocast_mode.h>
 #include <c10/util/accumulate.h>
 #include <torch/autograd.h>
@@ -51,32 +53,6 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using Tensor = at::Tensor;
 using OptionalTensor = std::optional<at::Tensor>;
-
-template <typename Signature>
-c10::TypedOperatorHandle<Signature> find_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
-}
-
-// Runs an op on the kernel below autograd (the backend's, or the fake kernel under torch.compile).
-template <typename Signature, typename... Args>
-auto call_below_autograd(const c10::TypedOperatorHandle<Signature>& op, Args&&... args) {
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return op.call(std::forward<Args>(args)...);
-}
-
-bool requires_grad(const Tensor& t) { return t.defined() && t.requires_grad(); }
-bool requires_grad(const OptionalTensor& t) { return t.has_value() && requires_grad(*t); }
-
-// Whether a call must record a graph: grad mode on and a tensor argument requiring grad. When it is false, a
-// *_backward op's Autograd kernel goes straight to the kernel below (no autograd node, no saved tensors).
-template <typename... Args>
-bool needs_graph(const Args&... args) {
-  return at::GradMode::is_enabled() && (requires_grad(args) || ...);
-}
-
-// A defined optional tensor, else undefined.
-Tensor value_or_undefined(const OptionalTensor& t) { return t.has_value() ? *t : Tensor(); }
-OptionalTensor as_optional(const Tensor& t) { return t.defined() ? OptionalTensor(t) : std::nullopt; }
 
 // The activations' non-tensor argument (leaky_relu's negative_slope, gelu's approximate), kept in saved_data.
 c10::IValue stored(double value) { return value; }
