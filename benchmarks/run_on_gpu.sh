@@ -7,6 +7,7 @@
 #   OUT=out bash benchmarks/run_on_gpu.sh [build] [test] [memcheck] [racecheck] [synccheck] [bench] [matmul] [memory]
 #                                         [host] [conv2d] [compare] [ddp] [notebooks]
 #   (default: the first four)
+# ONLY_TESTS (e.g. "tests/test_matmul.py tests/test_conv2d.py") narrows the test stage to those files, GPU tests only.
 #
 # matmul runs benchmarks/bench_matmul.py (ladder, Linear, CPU GEMM; ~2 min on an H200, MATMUL_ARGS=--quick ~1 min).
 # host runs benchmarks/bench_host.py on CUDA tensors (host time per module call, ~30 s).
@@ -58,8 +59,9 @@ if has build; then
 fi
 
 if has test; then
-  echo "== tests"
-  python -m pytest tests -q -p no:cacheprovider -ra > "$OUT/pytest.log" 2>&1 || status=1
+  echo "== tests ${ONLY_TESTS:-}"
+  # shellcheck disable=SC2086
+  python -m pytest ${ONLY_TESTS:-tests} ${ONLY_TESTS:+-m gpu} -q -p no:cacheprovider -ra > "$OUT/pytest.log" 2>&1 || status=1
   grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -40
   tail -1 "$OUT/pytest.log"
 fi
@@ -108,7 +110,8 @@ compare_run() {
   local dir="/tmp/torchext-compare/$name"
   mkdir -p "$dir"
   echo "== compare $name: $*"
-  timeout "$limit" "${COMPARE_LAUNCH[@]}" --data "${COMPARE_DATA:-.data/cifar10-train-jpg.tar.gz}" --out "$dir" "$@" \
+  # shellcheck disable=SC2086
+  timeout "$limit" "${COMPARE_LAUNCH[@]}" --data "${COMPARE_DATA:-.data/cifar10-train-jpg.tar.gz}" --out "$dir" "$@" ${COMPARE_ARGS:-} \
     > "$dir/run.log" 2>&1 || { echo "exit code $?"; status=1; }
   sed -n '/^| final val acc/,/^| peak reserved/p;/GPU-time share/p' "$dir/summary.md" 2> /dev/null
   tar czf "$OUT/cifar10-$name.tar.gz" -C /tmp/torchext-compare "$name"
@@ -123,6 +126,17 @@ if has compare; then
       # Peak memory on torchext's pool: one seed, a few epochs (the peaks are reached in every epoch).
       resnet18_cifar_b512_pool) compare_run "$run" 200 --model resnet18_cifar --allocator pool --seeds 0 --epochs 4 ;;
       cnn_cifar_pool) compare_run "$run" 200 --model cnn_cifar --allocator pool --seeds 0 --epochs 4 ;;
+      # Under torch.compile (torchext's one-pass ops as opaque kernels, or decomposed for inductor to fuse) and
+      # CUDA graphs (docs/compile.md). COMPARE_ARGS (e.g. "--seeds 0") is appended to every run.
+      cnn_cifar_compile) compare_run "$run" 590 --model cnn_cifar --compile ;;
+      cnn_cifar_compile_decompose) compare_run "$run" 590 --model cnn_cifar --compile --torchext-compile decompose ;;
+      cnn_cifar_graphs) compare_run "$run" 300 --model cnn_cifar --cuda-graphs ;;
+      resnet18_cifar_b512_compile) compare_run "$run" 590 --model resnet18_cifar --compile ;;
+      resnet18_cifar_b512_compile_decompose)
+        compare_run "$run" 590 --model resnet18_cifar --compile --torchext-compile decompose
+        ;;
+      resnet18_cifar_b512_graphs) compare_run "$run" 300 --model resnet18_cifar --cuda-graphs ;;
+      resnet18_cifar_b512_graphs_pool) compare_run "$run" 300 --model resnet18_cifar --cuda-graphs --allocator pool ;;
       *) echo "unknown comparison run $run"; status=1 ;;
     esac
   done

@@ -319,6 +319,7 @@ def test_cli_parsing_and_argv_round_trip():
         CompareConfig(model="resnet18_cifar", nesterov=False, allocator="pool", child=True),
         CompareConfig(model="cnn_cifar", cuda_graphs=True),
         CompareConfig(model="cnn_cifar", compile_mode="max-autotune-no-cudagraphs"),
+        CompareConfig(model="cnn_cifar", compile=True, torchext_compile="decompose"),
     ):
         back = compare.config_from_args(compare.build_parser().parse_args(c.to_argv()))
         assert back == c, f"[to_argv] {c.to_argv()}"
@@ -362,6 +363,7 @@ def test_help_documents_recipes(capsys):
         (["--model", "mlp", "--device", "tpu"], "--device"),
         (["--model", "mlp", "--device", "cpu", "--data", "/nonexistent/cifar"], "--data /nonexistent/cifar: CIFAR"),
         (["--compile-mode", "fast"], "invalid choice: 'fast'"),
+        (["--torchext-compile", "fused"], "invalid choice: 'fused'"),
         (["--model", "mlp", "--device", "cpu", "--cuda-graphs"], "--cuda-graphs needs one CUDA device"),
         (
             ["--model", "mlp", "--device", "cpu", "--cuda-graphs", "--compile"],

@@ -145,6 +145,7 @@ AMP_MODES = ("bf16", "fp16", "none")
 ALLOCATORS = ("default", "pool")
 VAL_FROM = ("auto", "test", "train")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
+TORCHEXT_COMPILE_MODES = ("kernels", "decompose")  # torchext.compile.COMPILE_MODES
 ONECYCLE_WARMUP = 0.25  # share of the steps spent rising to the peak learning rate
 
 
@@ -165,6 +166,9 @@ class CompareConfig:
     seeds:            one comparison per seed (initial weights, data order, augmentation, dropout).
     compile:          ``torch.compile`` both models.
     compile_mode:     torch.compile's ``mode`` (``COMPILE_MODES``); setting it implies ``compile``.
+    torchext_compile: how inductor treats torchext's ops when compiling (``torchext.set_compile_mode``): 'kernels'
+                      (opaque torchext kernels) or 'decompose' (the one-pass ops lowered to ATen, which inductor
+                      fuses). Used only with ``compile``.
     cuda_graphs:      capture each model's whole training step (forward, loss, backward, optimizer step) into one
                       CUDA graph at its first batch and replay it (``torchext.graphs.GraphedTrainStep``; CUDA only).
                       Both models then use SGD with ``fused=True`` or Adam with ``capturable=True``, and a tensor
@@ -202,6 +206,7 @@ class CompareConfig:
     seeds: tuple[int, ...] = (0, 1, 2)
     compile: bool = False
     compile_mode: str | None = None
+    torchext_compile: str = "kernels"
     cuda_graphs: bool = False
     allocator: str = "default"
     data: str | None = None
@@ -294,6 +299,10 @@ class CompareConfig:
             raise CompareError("--nesterov needs a nonzero --momentum")
         if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
             raise CompareError(f"--compile-mode must be one of {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}")
+        if self.torchext_compile not in TORCHEXT_COMPILE_MODES:
+            raise CompareError(
+                f"--torchext-compile must be one of {', '.join(TORCHEXT_COMPILE_MODES)}, got {self.torchext_compile!r}"
+            )
         if self.cuda_graphs and (self.compile or self.compile_mode is not None):
             raise CompareError(
                 "--cuda-graphs captures the eager step; with torch.compile use --compile-mode reduce-overhead instead"
@@ -416,6 +425,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--compile-mode",
         choices=COMPILE_MODES,
         help="torch.compile's mode for both models (implies --compile; default: torch's default mode)",
+    )
+    p.add_argument(
+        "--torchext-compile",
+        choices=TORCHEXT_COMPILE_MODES,
+        default=d.torchext_compile,
+        help="with --compile: inductor calls torchext's kernels as opaque ops ('kernels', default) or lowers the "
+        "one-pass ops (activations, softmax) to ATen and fuses them ('decompose'; torchext.set_compile_mode)",
     )
     p.add_argument(
         "--cuda-graphs",
@@ -755,6 +771,9 @@ def _make_contender(name, net, criterion, cfg: CompareConfig, device, dist: _Dis
 
         train_model = DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
     if cfg.compile or cfg.compile_mode is not None:
+        import torchext
+
+        torchext.set_compile_mode(cfg.torchext_compile)
         train_model = torch.compile(
             train_model, mode=None if cfg.compile_mode in (None, "default") else cfg.compile_mode
         )
@@ -912,9 +931,13 @@ def run(config: CompareConfig) -> dict:
         cfg = dataclasses.replace(cfg, amp="none")
 
     _init_dist(dist, device)
+    from .compile import compile_mode, set_compile_mode
+
+    previous_compile_mode = compile_mode()  # --torchext-compile sets it for this run only
     try:
         results = _run(cfg, config, device, dist, notes)
     finally:
+        set_compile_mode(previous_compile_mode)
         if dist.owns_group:
             import torch.distributed as tdist
 
@@ -1235,10 +1258,11 @@ def summarize(results: dict) -> dict:
 
 def _compiled_text(cfg: dict) -> str:
     """', compiled', ', compiled (mode)' or ', CUDA graphs' for the summary's recipe line ('' for eager)."""
+    decompose = ", torchext ops decomposed" if cfg.get("torchext_compile") == "decompose" else ""
     if cfg.get("compile_mode"):
-        return f", compiled ({cfg['compile_mode']})"
+        return f", compiled ({cfg['compile_mode']}{decompose})"
     if cfg.get("compile"):
-        return ", compiled"
+        return f", compiled{decompose and ' (' + decompose[2:] + ')'}"
     return ", CUDA graphs" if cfg.get("cuda_graphs") else ""
 
 
