@@ -69,7 +69,9 @@ def _params(c, device, dtype, param_dtype=None, affine=True):
     return w, b, rm, rv
 
 
-def _torch_forward(kind, x, residual, w, b, rm, rv, training, momentum=0.1, eps=1e-5):
+def torch_batch_norm(kind, x, residual, w, b, rm, rv, training, momentum=0.1, eps=1e-5):
+    """The pure-PyTorch reference of the family (also benchmarks/bench_batch_norm.py's eager and compiled baseline):
+    kind 'plain' is F.batch_norm, 'relu' relu(F.batch_norm), 'add_relu' relu(F.batch_norm + residual)."""
     y = F.batch_norm(x, rm, rv, w, b, training, momentum, eps)
     if kind == "add_relu":
         y = y + residual
@@ -107,9 +109,9 @@ def test_forward_matches_torch(case, device, dtype):
         residual = make_tensor(shape, dtype, device, layout) if kind == "add_relu" else None
         w, b, rm, rv = _params(shape[1], device, dtype)
         ref_rm, ref_rv = _f64(rm), _f64(rv)
-        ref = _torch_forward(kind, _f64(x), _f64(residual), _f64(w), _f64(b), ref_rm, ref_rv, training)
+        ref = torch_batch_norm(kind, _f64(x), _f64(residual), _f64(w), _f64(b), ref_rm, ref_rv, training)
         theirs_rm, theirs_rv = rm.clone(), rv.clone()
-        theirs = _torch_forward(kind, x, residual, w, b, theirs_rm, theirs_rv, training)
+        theirs = torch_batch_norm(kind, x, residual, w, b, theirs_rm, theirs_rv, training)
         poison_allocator(device, x)
         out = _ours(kind, x, residual, w, b, rm, rv, training)
         what = f"{kind} {case[0]} {dtype}"
@@ -127,9 +129,9 @@ def test_parameters_in_input_dtype_and_absent(device):
     x = make_tensor((4, 8, 3, 5), torch.bfloat16, device, "channels_last")
     w, b, rm, rv = _params(8, device, torch.bfloat16, param_dtype=torch.bfloat16)
     ref_rm, ref_rv = _f64(rm), _f64(rv)
-    ref = _torch_forward("relu", _f64(x), None, _f64(w), _f64(b), ref_rm, ref_rv, True)
+    ref = torch_batch_norm("relu", _f64(x), None, _f64(w), _f64(b), ref_rm, ref_rv, True)
     theirs_rm, theirs_rv = rm.clone(), rv.clone()
-    theirs = _torch_forward("relu", x, None, w, b, theirs_rm, theirs_rv, True)
+    theirs = torch_batch_norm("relu", x, None, w, b, theirs_rm, theirs_rv, True)
     out = tf.batch_norm_relu(x, rm, rv, w, b, training=True)
     assert_accurate(out, theirs, ref, "bf16 parameters: output")
     assert_accurate(rv, theirs_rv, ref_rv, "bf16 parameters: running_var")
@@ -219,8 +221,8 @@ def test_backward_matches_torch(case, device, dtype):
             out = fn(kind, xx, rr, ww, bb, rm.to(ww.device, ww.dtype), rv.to(ww.device, ww.dtype), training)
             return torch.autograd.grad(out, leaves, grad)
 
-        ref = grads(_torch_forward, [_f64(t) for t in inputs], _f64(g))
-        theirs = grads(_torch_forward, inputs, g)
+        ref = grads(torch_batch_norm, [_f64(t) for t in inputs], _f64(g))
+        theirs = grads(torch_batch_norm, inputs, g)
         ours = grads(_ours, inputs, g)
         names = ["input"] + (["residual"] if kind == "add_relu" else []) + ["weight", "bias"]
         for name, o, t, r, src in zip(names, ours, theirs, ref, inputs, strict=True):
