@@ -1,12 +1,13 @@
 // CPU kernels for torchext::batch_norm, batch_norm_relu, batch_norm_add_relu and batch_norm_backward: float32,
-// float64, float16 and bfloat16 (computed in float32, float64 for float64), any layout (csrc/batch_norm.h's rule),
-// deterministic.
+// float64, float16 and bfloat16, all computed in float64 (the CPU is the accurate reference path; torch's own CPU
+// kernels accumulate float32 in float64 too), any layout (csrc/batch_norm.h's rule), deterministic.
 //
 //   x is viewed as (A, C, B) (cuda_ops/batch_norm_args.h): rows x C for channels-last, planes for contiguous.
 //   forward   statistics: two passes in float64 over each channel, the mean, then sum (x - mean) and
 //             sum (x - mean)^2 (cuda_ops/batch_norm_math.h turns them into mean and var_sum); or from given sums.
-//             Then y = act((x - mean) w invstd + b [+ residual]) and the relu mask in one pass.
-//   backward  sum dz and sum dz (x - mean) in float64 (dz = dy & mask), then dx and grad_residual in one pass.
+//             Then y = act((x - mean) w invstd + b [+ residual]) and the relu mask in one pass, in float64.
+//   backward  sum dz and sum dz (x - mean) in float64 (dz = dy & mask), then dx and grad_residual in one pass, in
+//             float64: dx = w invstd (dz - mean(dz) - (x - mean) invstd^2 mean(dz (x - mean))).
 //
 // Reductions are deterministic whatever the thread count: rows x C cuts the rows into fixed chunks of kRows, sums
 // each chunk in parallel and adds the chunks in order; planes give each channel to one thread, in memory order.
@@ -189,22 +190,21 @@ void forward_impl(const ForwardPointers<T, P>& p, const BatchNormShape& s, int64
       invstd[c] = math::inv_std(static_cast<double>(p.running_var[c]), eps);
     }
   }
-  std::vector<A> mean_a(C), scale(C), shift(C);
+  std::vector<double> scale(C), shift(C);
   for (int64_t c = 0; c < C; ++c) {
     p.save_mean[c] = static_cast<A>(mean[c]);
     p.save_invstd[c] = static_cast<A>(invstd[c]);
     const double w = p.weight != nullptr ? static_cast<double>(p.weight[c]) : 1.0;
-    mean_a[c] = static_cast<A>(mean[c]);
-    scale[c] = static_cast<A>(w * invstd[c]);
-    shift[c] = p.bias != nullptr ? static_cast<A>(p.bias[c]) : A(0);
+    scale[c] = w * invstd[c];
+    shift[c] = p.bias != nullptr ? static_cast<double>(p.bias[c]) : 0.0;
   }
   if (numel == 0) return;
   const bool relu = p.mask != nullptr;
   for_each_unit(
       s, numel,
       [&](int64_t e, int64_t c, int64_t j) {
-        A v = (static_cast<A>(p.x[e]) - mean_a[c]) * scale[c] + shift[c];
-        if (p.residual != nullptr) v += static_cast<A>(p.residual[e]);
+        double v = (static_cast<double>(p.x[e]) - mean[c]) * scale[c] + shift[c];
+        if (p.residual != nullptr) v += static_cast<double>(p.residual[e]);
         if (relu) {
           // The unit's byte is assembled in the mask itself: it is this thread's alone.
           const uint8_t bit = math::relu_bit(v) ? uint8_t(1u << j) : uint8_t(0);
@@ -256,34 +256,28 @@ void backward_impl(const BackwardPointers<T, P>& p, const BatchNormShape& s, int
         },
         sums.data());
   }
-  std::vector<A> k(C), q(C), r(C), mean(C);
+  std::vector<double> k(C), q(C), r(C), mean(C);
   for (int64_t c = 0; c < C; ++c) {
     const double invstd = static_cast<double>(p.save_invstd[c]);
     const double w = p.weight != nullptr ? static_cast<double>(p.weight[c]) : 1.0;
     if (p.grad_bias != nullptr) p.grad_bias[c] = static_cast<P>(sums[c]);
     if (p.grad_weight != nullptr) p.grad_weight[c] = static_cast<P>(sums[C + c] * invstd);
-    // dx = k dz + q (x - mean) + r
-    const double kc = w * invstd;
-    k[c] = static_cast<A>(kc);
-    mean[c] = p.save_mean[c];
-    if (training && n > 0) {
-      q[c] = static_cast<A>(-kc * invstd * invstd * sums[C + c] / static_cast<double>(n));
-      r[c] = static_cast<A>(-kc * sums[c] / static_cast<double>(n));
-    } else {
-      q[c] = A(0);
-      r[c] = A(0);
-    }
+    // dx = k (dz - r - q (x - mean)): mean(dz) and invstd^2 mean(dz (x - mean)) in training, else 0
+    k[c] = w * invstd;
+    mean[c] = static_cast<double>(p.save_mean[c]);
+    const bool stats = training && n > 0;
+    q[c] = stats ? invstd * invstd * sums[C + c] / static_cast<double>(n) : 0.0;
+    r[c] = stats ? sums[c] / static_cast<double>(n) : 0.0;
   }
   if (numel == 0 || (p.grad_input == nullptr && p.grad_residual == nullptr)) return;
   for_each_unit(
       s, numel,
       [&](int64_t e, int64_t c, int64_t) {
-        const A dz = static_cast<A>(masked(p.grad_out, p.mask, e));
+        const double dz = masked(p.grad_out, p.mask, e);
         if (p.grad_residual != nullptr) p.grad_residual[e] = static_cast<T>(dz);
         if (p.grad_input != nullptr) {
-          A v = k[c] * dz;
-          if (training) v += q[c] * (static_cast<A>(p.x[e]) - mean[c]) + r[c];
-          p.grad_input[e] = static_cast<T>(v);
+          const double v = training ? dz - r[c] - q[c] * (static_cast<double>(p.x[e]) - mean[c]) : dz;
+          p.grad_input[e] = static_cast<T>(k[c] * v);
         }
       },
       [](int64_t) {});

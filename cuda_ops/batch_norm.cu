@@ -15,7 +15,7 @@
 //   forward with sums   (conv2d_stats' sum / sum_sq) finalize from them, then normalize: no statistics pass.
 //   backward            1. reduction: sum dz, sum dz (x - mean) per (chunk, channel), dz = dy & mask
 //                                                                                 reads 2 E s + E / 8
-//                       2. finalize: grad_weight, grad_bias, and dx = k dz + q (x - mean) + r per channel  C-sized
+//                       2. finalize: grad_weight, grad_bias, and dx = k (dz - r - q (x - mean)) per channel  C-sized
 //                       3. elementwise: dx and grad_residual (= dz)      reads 2 E s + E / 8, writes E s (+ E s)
 // The minimum is one read of each input and one write of each output; the multi-pass kernels add one read of x in
 // the forward and of x and dy in the backward. The elementwise passes walk the tensor in the reverse order of the
@@ -530,7 +530,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // --- backward -------------------------------------------------------------------------------------------------------
 
-// Per channel: grad_weight, grad_bias and coef = (k, q, r, mean) of dx = k dz + q (x - mean) + r.
+// Per channel: grad_weight, grad_bias and coef = (k, q, r, mean) of dx = k (dz - r - q (x - mean)): k = w invstd,
+// r = mean(dz), q = invstd^2 mean(dz (x - mean)) in training (0 in eval), the form torch's kernels use.
 template <typename T, typename P>
 __global__ void __launch_bounds__(kFinalizeCols* kFinalizeRows)
     finalize_backward_kernel(BatchNormBackwardArgs<T, P> args, const acc_t<T>* __restrict__ partial, int64_t chunks,
@@ -545,11 +546,10 @@ __global__ void __launch_bounds__(kFinalizeCols* kFinalizeRows)
   const double w = args.weight != nullptr ? to_double(args.weight[c]) : 1.0;
   if (args.grad_bias != nullptr) args.grad_bias[c] = from_double<P>(s0);
   if (args.grad_weight != nullptr) args.grad_weight[c] = from_double<P>(s1 * invstd);
-  const double k = w * invstd;
   const bool stats = args.training && n > 0;
-  coef[c] = static_cast<A>(k);
-  coef[C + c] = stats ? static_cast<A>(-k * invstd * invstd * s1 / static_cast<double>(n)) : A(0);
-  coef[2 * C + c] = stats ? static_cast<A>(-k * s0 / static_cast<double>(n)) : A(0);
+  coef[c] = static_cast<A>(w * invstd);
+  coef[C + c] = stats ? static_cast<A>(invstd * invstd * s1 / static_cast<double>(n)) : A(0);
+  coef[2 * C + c] = stats ? static_cast<A>(s0 / static_cast<double>(n)) : A(0);
   coef[3 * C + c] = args.save_mean[c];
 }
 
@@ -567,9 +567,8 @@ __device__ __forceinline__ void backward_unit(const T (&gv)[kUnit], const T (&xv
   for (int j = 0; j < kUnit; ++j) {
     const A dz = (bits >> j) & 1 ? to_acc<T>(gv[j]) : A(0);
     dz_out[j] = from_acc<T>(dz);
-    A v = k[j] * dz;
-    if (f.training) v += q[j] * (to_acc<T>(xv[j]) - mean[j]) + r[j];
-    dx[j] = from_acc<T>(v);
+    const A v = f.training ? dz - r[j] - q[j] * (to_acc<T>(xv[j]) - mean[j]) : dz;
+    dx[j] = from_acc<T>(k[j] * v);
   }
 }
 

@@ -290,22 +290,26 @@ CASES = [
     ("TF.batch_norm_add_relu(img, img[:1], None, None, training=True)", "ValueError", ["`residual`", "shape"]),
     ("TF.batch_norm_add_relu(img, img.double(), None, None, training=True)", "TypeError", ["`residual`", "dtype"]),
     (
-        "raw.batch_norm_backward(img[:1], img, None, torch.zeros(4), torch.ones(4), None, True, 1e-5, [True] * 3 + [False])",
+        "raw.batch_norm_backward(img[:1], img, None, torch.zeros(4), torch.ones(4), None, True, 1e-5, "
+        "[True] * 3 + [False])",
         "ValueError",
         ["`grad_out`", "shape"],
     ),
     (
-        "raw.batch_norm_backward(img, img, None, torch.zeros(4).double(), torch.ones(4), None, True, 1e-5, [True] * 3 + [False])",
+        "raw.batch_norm_backward(img, img, None, torch.zeros(4).double(), torch.ones(4), None, True, 1e-5, "
+        "[True] * 3 + [False])",
         "TypeError",
         ["`save_mean`", "Float"],
     ),
     (
-        "raw.batch_norm_backward(img, img, None, torch.zeros(4), torch.ones(4), torch.zeros(3, dtype=torch.uint8), True, 1e-5, [True] * 4)",
+        "raw.batch_norm_backward(img, img, None, torch.zeros(4), torch.ones(4), torch.zeros(3, "
+        "dtype=torch.uint8), True, 1e-5, [True] * 4)",
         "ValueError",
         ["`mask`", "(35,)"],
     ),
     (
-        "raw.batch_norm_backward(img, img, None, torch.zeros(4), torch.ones(4), torch.zeros(35), True, 1e-5, [True] * 4)",
+        "raw.batch_norm_backward(img, img, None, torch.zeros(4), torch.ones(4), torch.zeros(35), True, 1e-5, "
+        "[True] * 4)",
         "TypeError",
         ["`mask`", "uint8"],
     ),
