@@ -4,8 +4,8 @@
 ``nn.BatchNorm2d`` and every activation module that torchext implements torchext's class instead (``torchext.nn``
 subclasses the torch.nn classes and only changes ``forward``). Swapping changes a module's class in place: the module
 object, its Parameters and buffers (same tensors, devices, dtypes, ``requires_grad``), its hooks and its training flag
-are kept, so an optimizer built before the swap still holds the model's parameters. ``inplace=False`` swaps a deep copy instead and leaves the
-argument untouched.
+are kept, so an optimizer built before the swap still holds the model's parameters. ``inplace=False`` swaps a deep
+copy instead and leaves the argument untouched.
 
 With ``fuse=True``, a Linear directly followed by a ReLU, GELU or SiLU inside an ``nn.Sequential`` becomes one
 ``torchext.nn.Linear(activation=...)`` (one kernel: matmul, bias and activation) and the activation's slot becomes
