@@ -105,4 +105,34 @@ TORCH_LIBRARY(torchext, m) {
       "conv2d_backward(Tensor grad_output, Tensor input, Tensor weight, int[2] stride, int[2] padding, "
       "int[2] dilation, int groups, bool[3] output_mask, str? variant=None) -> (Tensor grad_input, Tensor grad_weight, "
       "Tensor grad_bias)");
+
+  // Batch normalization, nn.BatchNorm2d's semantics (csrc/batch_norm_*.cpp; checks, dtypes, the layout rule and the
+  // relu mask's format in csrc/batch_norm.h; the CUDA ladder is cuda_ops/batch_norm*.cu). input (N, C, ...); weight,
+  // bias, running_mean, running_var (C,), each optional. training: normalize with the batch's biased statistics and
+  // update the running buffers in place (momentum is the exponential-average factor; running_var tracks the unbiased
+  // variance); else with the running statistics. `sum` and `sum_sq` (training only): input's per-channel sum and sum of
+  // squares over (N, H, W), e.g. from conv2d_stats, in place of the statistics pass. save_mean and save_invstd are the
+  // mean and 1 / sqrt(var + eps) used, float32 (float64 for float64 inputs). `variant` names one version of the CUDA
+  // ladder ('simple', 'vectorized'; 'cpu' on CPU); None picks the fastest that supports the arguments.
+  m.def(
+      "batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, "
+      "bool training, float momentum, float eps, Tensor? sum=None, Tensor? sum_sq=None, str? variant=None) -> "
+      "(Tensor out, Tensor save_mean, Tensor save_invstd)");
+  // relu(batch_norm(input)) and relu(batch_norm(input) + residual), with the relu's 1-bit mask (uint8, one bit per
+  // element in memory order) for the backward, which never needs the output.
+  m.def(
+      "batch_norm_relu(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, "
+      "bool training, float momentum, float eps, Tensor? sum=None, Tensor? sum_sq=None, str? variant=None) -> "
+      "(Tensor out, Tensor mask, Tensor save_mean, Tensor save_invstd)");
+  m.def(
+      "batch_norm_add_relu(Tensor input, Tensor residual, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
+      "Tensor(b!)? running_var, bool training, float momentum, float eps, Tensor? sum=None, Tensor? sum_sq=None, "
+      "str? variant=None) -> (Tensor out, Tensor mask, Tensor save_mean, Tensor save_invstd)");
+  // Gradients of input, weight, bias and residual (the last is grad_out masked by the relu, for batch_norm_add_relu);
+  // mask: the forward's, or None without a relu; eps: the forward's (the composed double backward recomputes the
+  // statistics). An output whose output_mask entry is false comes back as an empty tensor.
+  m.def(
+      "batch_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor save_mean, Tensor save_invstd, "
+      "Tensor? mask, bool training, float eps, bool[4] output_mask, str? variant=None) -> (Tensor grad_input, "
+      "Tensor grad_weight, Tensor grad_bias, Tensor grad_residual)");
 }

@@ -242,6 +242,82 @@ CASES = [
         "TypeError",
         ["`grad_output`", "dtype"],
     ),
+    # --- batch_norm, batch_norm_relu, batch_norm_add_relu, batch_norm_backward
+    ("TF.batch_norm(None, None, None, training=True)", "TypeError", ["`input`", "NoneType"]),
+    ("TF.batch_norm(img, [0.0] * 4, None)", "TypeError", ["`running_mean`", "list"]),
+    ("TF.batch_norm(torch.ones(4), None, None, training=True)", "ValueError", ["`input`", "at least 2 dimensions"]),
+    ("TF.batch_norm(img.long(), None, None, training=True)", "TypeError", ["`input`", "Long"]),
+    ("TF.batch_norm(img, None, None, torch.ones(3), training=True)", "ValueError", ["`weight`", "(4,)"]),
+    ("TF.batch_norm(img, None, None)", "ValueError", ["`running_mean`", "training=False"]),
+    ("TF.batch_norm(img, None, None, torch.ones(4).double(), training=True)", "TypeError", ["`weight`", "dtype"]),
+    (
+        "TF.batch_norm(img.half(), None, None, torch.ones(4).double(), training=True)",
+        "TypeError",
+        ["`weight`", "float32"],
+    ),
+    (
+        "TF.batch_norm(img, torch.zeros(4), torch.ones(4).double(), training=True)",
+        "TypeError",
+        ["`running_var`", "`running_mean`"],
+    ),
+    ("TF.batch_norm(img, None, None, training=True, sum=torch.ones(4))", "ValueError", ["`sum`", "`sum_sq`"]),
+    (
+        "TF.batch_norm(img, torch.zeros(4), torch.ones(4), sum=torch.ones(4), sum_sq=torch.ones(4))",
+        "ValueError",
+        ["`sum`", "training=True"],
+    ),
+    (
+        "TF.batch_norm(img.double(), None, None, training=True, sum=torch.ones(4), sum_sq=torch.ones(4))",
+        "TypeError",
+        ["`sum`", "Double"],
+    ),
+    (
+        "TF.batch_norm(img, None, None, training=True, kernel='fast')",
+        "ValueError",
+        ["unknown variant", "fast", "vectorized"],
+    ),
+    (
+        "TF.batch_norm(img, None, None, training=True, kernel='vectorized')",
+        "ValueError",
+        ["'vectorized'", "CUDA tensors"],
+    ),
+    (
+        "TF.batch_norm_relu(img[:1, :, :1, :1], None, None, training=True)",
+        "ValueError",
+        ["more than 1 value per channel"],
+    ),
+    ("TF.batch_norm_add_relu(img, None, None, None, training=True)", "TypeError", ["`residual`", "NoneType"]),
+    ("TF.batch_norm_add_relu(img, img[:1], None, None, training=True)", "ValueError", ["`residual`", "shape"]),
+    ("TF.batch_norm_add_relu(img, img.double(), None, None, training=True)", "TypeError", ["`residual`", "dtype"]),
+    (
+        "raw.batch_norm_backward(img[:1], img, None, torch.zeros(4), torch.ones(4), None, True, 1e-5, "
+        "[True] * 3 + [False])",
+        "ValueError",
+        ["`grad_out`", "shape"],
+    ),
+    (
+        "raw.batch_norm_backward(img, img, None, torch.zeros(4).double(), torch.ones(4), None, True, 1e-5, "
+        "[True] * 3 + [False])",
+        "TypeError",
+        ["`save_mean`", "Float"],
+    ),
+    (
+        "raw.batch_norm_backward(img, img, None, torch.zeros(4), torch.ones(4), torch.zeros(3, "
+        "dtype=torch.uint8), True, 1e-5, [True] * 4)",
+        "ValueError",
+        ["`mask`", "(35,)"],
+    ),
+    (
+        "raw.batch_norm_backward(img, img, None, torch.zeros(4), torch.ones(4), torch.zeros(35), True, 1e-5, "
+        "[True] * 4)",
+        "TypeError",
+        ["`mask`", "uint8"],
+    ),
+    (
+        "raw.batch_norm_backward(img, img, None, torch.zeros(4), torch.ones(4), None, True, 1e-5, [True] * 4)",
+        "ValueError",
+        ["output_mask[3]", "`mask`"],
+    ),
     # --- CUDA: devices and targets (skipped without a GPU)
     ("TF.mse_loss(cx, y)", "RuntimeError", ["`target`", "device"]),
     ("TF.mse_loss(cx, cy, weight=w4)", "RuntimeError", ["`weight`", "device"]),
@@ -260,6 +336,13 @@ CASES = [
     ("raw.softmax_backward(torch.ones(3), torch.ones(3, device='cuda'))", "RuntimeError", ["`grad_output`", "device"]),
     ("raw.relu_backward(torch.ones(3, device='cuda'), torch.ones(3))", "RuntimeError", ["`output`", "device"]),
     ("TF.relu(torch.arange(3, device='cuda'))", "TypeError", ["`self`", "float16"]),
+    (
+        "TF.batch_norm(img.cuda(), torch.zeros(4), torch.ones(4), training=True)",
+        "RuntimeError",
+        ["`running_mean`", "device"],
+    ),
+    ("TF.batch_norm(img.cuda(), None, None, training=True, kernel='cpu')", "ValueError", ["'cpu'", "CPU tensors"]),
+    ("TF.batch_norm_add_relu(img.cuda(), img, None, None, training=True)", "RuntimeError", ["`residual`", "device"]),
     ("TF.softmax(cx, dim=2)", "IndexError", ["`dim`"]),
     ("TF.cross_entropy(cx.to(torch.int32), ct)", "TypeError", ["`self`"]),
 ]

@@ -46,9 +46,11 @@ def unary_group(lib):
         return tuple(fn(x) for fn, pair in zip(fns, zip(xs[::2], xs[1::2])) for x in pair)
 
     names = [f"{name} {layout}" for name, _, _ in UNARY for layout in UNARY_LAYOUTS]
-    return run, names, lambda device, dtype: [
-        make_tensor(SHAPE, dtype, device, layout) for _ in UNARY for layout in UNARY_LAYOUTS
-    ]
+    return (
+        run,
+        names,
+        lambda device, dtype: [make_tensor(SHAPE, dtype, device, layout) for _ in UNARY for layout in UNARY_LAYOUTS],
+    )
 
 
 def losses_group(lib):
@@ -161,7 +163,55 @@ def conv_group(lib):
     return run, names, inputs
 
 
-GROUPS = {"unary": unary_group, "losses": losses_group, "products": products_group, "conv": conv_group}
+def _torch_batch_norm_relu(x, rm, rv, w, b, training, residual=None):
+    y = F.batch_norm(x, rm, rv, w, b, training)
+    return (y if residual is None else y + residual).relu()
+
+
+def norm_group(lib):
+    """batch_norm, batch_norm_relu and batch_norm_add_relu in training (no running buffers: they are inputs of no
+    gradient here; the modules' test below checks their updates) and batch_norm_relu in eval, contiguous and
+    channels-last."""
+    if lib == "torchext":
+        bn, bn_relu = tf.batch_norm, tf.batch_norm_relu
+
+        def bn_add_relu(x, r, *a):
+            return tf.batch_norm_add_relu(x, r, *a)
+    else:
+        bn, bn_relu = F.batch_norm, _torch_batch_norm_relu
+
+        def bn_add_relu(x, r, *a):
+            return _torch_batch_norm_relu(x, *a, residual=r)
+
+    def run(x, x_cl, r_cl, w, b):
+        rm, rv = torch.full_like(w, 0.1), torch.full_like(w, 1.5)
+        return (
+            bn(x, None, None, w, b, True),
+            bn_relu(x_cl, None, None, w, b, True),
+            bn_add_relu(x_cl, r_cl, None, None, w, b, True),
+            bn_relu(x, rm, rv, w, b, False),
+        )
+
+    names = ["batch_norm", "batch_norm_relu channels_last", "batch_norm_add_relu channels_last",
+             "batch_norm_relu eval"]  # fmt: skip
+
+    def inputs(device, dtype):
+        return [
+            make_tensor(SHAPE, dtype, device), make_tensor(SHAPE, dtype, device, "channels_last"),
+            make_tensor(SHAPE, dtype, device, "channels_last"), make_tensor((3,), dtype, device, low=0.5, high=2.0),
+            make_tensor((3,), dtype, device),
+        ]  # fmt: skip
+
+    return run, names, inputs
+
+
+GROUPS = {
+    "unary": unary_group,
+    "losses": losses_group,
+    "products": products_group,
+    "conv": conv_group,
+    "norm": norm_group,
+}
 
 
 def forward_backward(fn, inputs, grad_weights=None):
@@ -257,7 +307,17 @@ def test_swapped_model_compiles_fullgraph(device):
     ours.load_state_dict(stock.state_dict())
     report = torchext.swap_modules(ours)
     swapped = {type(m) for m in ours.modules()}
-    for cls in (tnn.Linear, tnn.Conv2d, tnn.LeakyReLU, tnn.GELU, tnn.SiLU, tnn.Tanh, tnn.Sigmoid, tnn.Softmax, tnn.LogSoftmax):
+    for cls in (
+        tnn.Linear,
+        tnn.Conv2d,
+        tnn.LeakyReLU,
+        tnn.GELU,
+        tnn.SiLU,
+        tnn.Tanh,
+        tnn.Sigmoid,
+        tnn.Softmax,
+        tnn.LogSoftmax,
+    ):
         assert cls in swapped, f"[swap report] {cls.__name__} missing after swap_modules:\n{report}"
     x = make_tensor((4, 3, 4, 5), torch.float32, device, "channels_last")
     t = torch.randint(0, 5, (4,), device=device)
@@ -328,3 +388,54 @@ def test_decompose_mode_lets_inductor_fuse_activations():
 
     assert torch.ops.torchext.relu.default not in decompositions, "[kernels mode] relu's decomposition left behind"
     assert torch._inductor.config.fx_graph_cache == fx_graph_cache, "[kernels mode] fx_graph_cache not restored"
+
+
+class _NormBlocks(nn.Module):
+    """Each torchext batch-norm module once (the stock model: the same layers from torch.nn, relu and add written
+    out)."""
+
+    def __init__(self, lib):
+        super().__init__()
+        self.lib = lib
+        if lib == "torchext":
+            self.bn, self.bn_relu = tnn.BatchNorm2d(4, momentum=0.3), tnn.BatchNormReLU2d(4)
+            self.bn_add_relu, self.conv_bn_relu = tnn.BatchNormAddReLU2d(4), tnn.Conv2dBatchNormReLU(4, 4, 3, padding=1)
+        else:
+            self.bn, self.bn_relu, self.bn_add_relu = (
+                nn.BatchNorm2d(4, momentum=0.3),
+                nn.BatchNorm2d(4),
+                nn.BatchNorm2d(4),
+            )
+            self.conv_bn_relu = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU())
+
+    def forward(self, x):
+        y = self.bn(x)
+        if self.lib == "torchext":
+            z = self.bn_add_relu(self.bn_relu(y), x)
+        else:
+            z = (self.bn_add_relu(self.bn_relu(y).relu()) + x).relu()
+        return self.conv_bn_relu(z)
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_batch_norm_modules_compile_running_buffers(device):
+    """torchext's batch-norm modules compiled with fullgraph, three training steps forward and backward: outputs,
+    gradients, and the running buffers and num_batches_tracked after each step equal the stock modules' run eagerly.
+    (momentum=None reads num_batches_tracked on the host: with fullgraph it fails as stock nn.BatchNorm2d's does.)"""
+    torch._dynamo.reset()
+    stock = _NormBlocks("torch").to(device, torch.float64)  # float64: a dozen layers' rounding stays under TOL
+    ours = _NormBlocks("torchext").to(device, torch.float64)
+    ours.load_state_dict(stock.state_dict())
+    compiled = torch.compile(ours, backend="inductor", fullgraph=True)
+    for step in range(3):
+        x = make_tensor((3, 4, 5, 6), torch.float64, device, "channels_last" if step % 2 else "contiguous")
+        out_c = compiled(x)
+        out_s = stock(x)
+        what = f"step {step}"
+        torch.testing.assert_close(out_c, out_s, **TOL[device], msg=lambda m, w=what: f"[{w}: output] {m}")
+        grads_c = torch.autograd.grad(out_c.square().sum(), list(ours.parameters()))
+        grads_s = torch.autograd.grad(out_s.square().sum(), list(stock.parameters()))
+        for (n, _), c, s in zip(stock.named_parameters(), grads_c, grads_s, strict=True):
+            torch.testing.assert_close(c, s, **TOL[device], msg=lambda m, n=n, w=what: f"[{w}: {n}.grad] {m}")
+        for (n, c), s in zip(ours.state_dict().items(), stock.state_dict().values(), strict=True):
+            torch.testing.assert_close(c, s, **TOL[device], msg=lambda m, n=n, w=what: f"[{w}: {n}] {m}")

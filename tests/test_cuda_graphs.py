@@ -77,6 +77,25 @@ OPS = {
         (129, 96),
         lambda x: (torch.randn(80, 96, device=x.device) * 0.1, torch.randn(80, device=x.device)),
     ),
+    # Training mode: the statistics pass, its device-side finalize (which also updates the running buffers) and the
+    # normalize pass; the backward's reduction and elementwise passes.
+    "batch_norm_relu": (
+        lambda x, w, b, rm, rv: TF.batch_norm_relu(
+            x.contiguous(memory_format=torch.channels_last), rm, rv, w, b, training=True
+        ),
+        (8, 16, 5, 7),
+        lambda x: (
+            torch.rand(16, device=x.device) + 0.5,
+            torch.randn(16, device=x.device),
+            torch.zeros(16, device=x.device),
+            torch.ones(16, device=x.device),
+        ),
+    ),
+    "batch_norm_add_relu_nchw": (
+        lambda x, r, w, b: TF.batch_norm_add_relu(x, r, None, None, w, b, training=True),
+        (8, 3, 5, 7),
+        lambda x: (torch.randn_like(x), torch.rand(3, device=x.device) + 0.5, torch.randn(3, device=x.device)),
+    ),
 }
 
 

@@ -575,6 +575,56 @@ def test_conv2d_matches_torch(device, data):
     check_op(what, ours, theirs, (x, w, bias), grad_args=grad_args, tensor_scale=True)
 
 
+@pytest.mark.parametrize("device", device_params())
+@PROFILE
+@given(data=st.data())
+def test_batch_norm_matches_torch(device, data):
+    """batch_norm, batch_norm_relu and batch_norm_add_relu on random 2-D to 5-D inputs in any layout (empty batches and
+    channels included), training or eval, with or without affine parameters and running buffers: output, the running
+    buffers after the call, and the gradients of input, residual, weight and bias. (The running buffers are fresh
+    copies inside each call, so the inputs check_op compares stay unmodified.)"""
+    dtype = data.draw(_dtypes(device), label="dtype")
+    shape = data.draw(shapes(min_dims=2, max_dims=5), label="shape")
+    kind = data.draw(st.sampled_from(["plain", "relu", "add_relu"]), label="kind")
+    training = data.draw(st.booleans(), label="training")
+    # Documented difference: with no channels torch's empty-input path indexes weight[0] and raises IndexError; ours
+    # returns the empty result. Affine parameters are drawn only where there are channels.
+    affine = shape[1] > 0 and data.draw(st.booleans(), label="affine")
+    buffers = not training or data.draw(st.booleans(), label="running buffers")
+    momentum = data.draw(st.sampled_from([0.1, 1.0, 0.0, 0.5]), label="momentum")
+    c = shape[1]
+    pdt = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    x = data.draw(values(shape, dtype, device, extremes=False), label="input")
+    r = data.draw(values(shape, dtype, device, extremes=False), label="residual")
+    w = data.draw(values((c,), pdt, device, low=0.5, high=2.0, extremes=False), label="weight")
+    b = data.draw(values((c,), pdt, device, extremes=False), label="bias")
+    rm = data.draw(values((c,), pdt, device, extremes=False), label="running_mean")
+    rv = data.draw(values((c,), pdt, device, low=0.5, high=2.0, extremes=False), label="running_var")
+    seen = {}
+
+    def run(lib, x, r, w, b):
+        dt = torch.float64 if x.dtype == torch.float64 else pdt
+        run_mean, run_var = (rm.to(dt).clone(), rv.to(dt).clone()) if buffers else (None, None)
+        args = (run_mean, run_var, w if affine else None, b if affine else None, training, momentum)
+        if lib == "torchext":
+            fn = {"plain": TF.batch_norm, "relu": TF.batch_norm_relu}.get(kind)
+            out = fn(x, *args) if fn is not None else TF.batch_norm_add_relu(x, r, *args)
+        else:
+            out = F.batch_norm(x, *args)
+            out = out if kind == "plain" else (out + r if kind == "add_relu" else out).relu()
+        seen[(lib, x.dtype)] = (run_mean, run_var)
+        return out
+
+    grad_args = (0,) + ((1,) if kind == "add_relu" else ()) + ((2, 3) if affine else ())
+    what = f"batch_norm {kind} input {tuple(x.shape)} training={training} affine={affine} buffers={buffers} {dtype}"
+    check_op(what, lambda *a: run("torchext", *a), lambda *a: run("torch", *a), (x, r, w, b), grad_args=grad_args)
+    if buffers and training and (("torchext", dtype) in seen) and (("torch", dtype) in seen):
+        reference = seen.get(("torch", torch.float64), seen[("torch", dtype)])
+        for i, name in enumerate(("running_mean", "running_var")):
+            ours, theirs = seen[("torchext", dtype)][i], seen[("torch", dtype)][i]
+            assert_matches_torch(ours, theirs, reference[i].to(ours.dtype), f"{what} {name}")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Extreme values through the losses' special cases, one example each (these are the edges hypothesis found)
 

@@ -263,6 +263,47 @@ def _conv2d_backward(device, dtype):
                 yield f"{case}, grad_output {g_layout}, mask {mask}", args, {}
 
 
+def _batch_norm_operands(device, dtype):
+    """(case, input, parameters, training) over every input layout (and 2-D and 3-D inputs), training with the
+    running buffers, without any parameter, and eval."""
+    pdt = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    for case, layout, shape in (*LAYOUTS_4D, ("3-D", "contiguous", (2, 3, 7)), *LAYOUTS_2D[:2]):
+        x = make_tensor(shape, dtype, device, layout)
+        c = shape[1]
+        w, b = make_tensor((c,), pdt, device), make_tensor((c,), pdt, device)
+        rm, rv = make_tensor((c,), pdt, device), make_tensor((c,), pdt, device, low=0.5, high=2.0)
+        yield f"{case} training", x, (w, b, rm, rv), True
+        if not case.startswith("empty"):
+            yield f"{case} eval", x, (w, b, rm, rv), False
+    yield "no parameters", make_tensor(SHAPE, dtype, device, "channels_last"), (None, None, None, None), True
+
+
+def _batch_norm(relu, residual):
+    def samples(device, dtype):
+        for case, x, params, training in _batch_norm_operands(device, dtype):
+            lead = (x, make_tensor(x.shape, dtype, device, "contiguous")) if residual else (x,)
+            yield case, (*lead, *params, training, 0.1, 1e-5, None, None, None), {}
+        x = make_tensor(SHAPE, dtype, device, "channels_last")
+        stats = torch.float64 if dtype == torch.float64 else torch.float32
+        s, ss = x.to(stats).sum((0, 2, 3)), x.to(stats).square().sum((0, 2, 3))
+        lead = (x, make_tensor(x.shape, dtype, device, "channels_last")) if residual else (x,)
+        yield "sums given", (*lead, None, None, None, None, True, 0.1, 1e-5, s, ss, None), {}
+
+    return samples
+
+
+def _batch_norm_backward(device, dtype):
+    masks = ([True, True, True, False], [True, False, False, False], [False, True, True, False], [True] * 4)
+    for case, x, (w, b, rm, rv), training in _batch_norm_operands(device, dtype):
+        _, mask, save_mean, save_invstd = ops.batch_norm_relu.default(x, w, b, rm, rv, training, 0.1, 1e-5)
+        g_layout = "channels_last" if x.dim() == 4 and not case.startswith("channels_last") else "contiguous"
+        g = make_tensor(x.shape, dtype, device, g_layout)
+        for output_mask in masks:
+            args = (g, x, w, save_mean, save_invstd, mask, training, 1e-5, output_mask, None)
+            yield f"{case}, grad_out {g_layout}, mask {output_mask}", args, {}
+        yield f"{case}, no relu", (g, x, w, save_mean, save_invstd, None, training, 1e-5, masks[0], None), {}
+
+
 SAMPLES = {
     **{name: _elementwise_forward(name) for name in ELEMENTWISE},
     **{f"{name}_backward": _elementwise_backward(name) for name in ELEMENTWISE},
@@ -281,6 +322,10 @@ SAMPLES = {
     "conv2d": _conv2d,
     "conv2d_stats": _conv2d_stats,
     "conv2d_backward": _conv2d_backward,
+    "batch_norm": _batch_norm(relu=False, residual=False),
+    "batch_norm_relu": _batch_norm(relu=True, residual=False),
+    "batch_norm_add_relu": _batch_norm(relu=True, residual=True),
+    "batch_norm_backward": _batch_norm_backward,
 }
 
 
@@ -361,6 +406,9 @@ _GRAD_ARGS = {
     "linear": (0, 1, 2),
     "conv2d": (0, 1, 2),
     "conv2d_stats": (0, 1, 2),
+    "batch_norm": (0, 1, 2),
+    "batch_norm_relu": (0, 1, 2),
+    "batch_norm_add_relu": (0, 1, 2, 3),
 }
 # AOTAutograd compiles tensor programs: matmul_kernel's str result has nothing to trace there.
 _OPCHECK_UTILS = {"matmul_kernel": tuple(u for u in DEFAULT_TEST_UTILS if not u.startswith("test_aot_dispatch"))}

@@ -76,6 +76,8 @@ def test_functional_signature_matches_torch(name):
     """torch's parameters, in torch's order with torch's defaults (torch.nn.functional's, or torch's for matmul);
     torchext's own options (linear's `activation`, matmul's `kernel`) may follow them, with defaults."""
     ours = inspect.signature(getattr(TF, name))
+    if getattr(F, name, None) is None and getattr(torch, name, None) is None:
+        pytest.skip(f"{name} is torchext's own fusion (batch_norm_relu, ...): torch has no function to match")
     try:
         theirs = inspect.signature(getattr(F, name, None) or getattr(torch, name))
     except ValueError:

@@ -69,9 +69,9 @@ def test_resnet18_cifar_report():
     model = models.resnet18_cifar()
     report = swap_modules(model)
     c = report.counts
-    assert c["replaced_by_class"] == {"nn.ReLU": 17, "nn.Linear": 1, "nn.Conv2d": 20}, c
+    assert c["replaced_by_class"] == {"nn.ReLU": 17, "nn.Linear": 1, "nn.Conv2d": 20, "nn.BatchNorm2d": 20}, c
     assert c["fused"] == 0, "[the fc layer is not followed by an activation]"
-    assert c["left_stock_by_class"] == {"nn.BatchNorm2d": 20, "nn.AdaptiveAvgPool2d": 1}, c
+    assert c["left_stock_by_class"] == {"nn.AdaptiveAvgPool2d": 1}, c
     assert all(s.reason == NO_KERNEL for s in report.left_stock)
     assert not any(type(m) in (nn.ReLU, nn.Linear, nn.Conv2d) for m in model.modules()), "a stock layer is left"
     assert ("layer2.0.relu2", "nn.ReLU", "torchext.nn.ReLU") in report.replaced
@@ -85,10 +85,8 @@ def test_cnn_cifar_report():
     report = swap_modules(model)
     c = report.counts
     assert [tuple(f) for f in report.fused] == [("fc1", "relu5", "relu")]
-    assert c["replaced_by_class"] == {"nn.ReLU": 5, "nn.Linear": 2, "nn.Conv2d": 4}, c
-    assert c["left_stock_by_class"] == {
-        "nn.BatchNorm2d": 2, "nn.MaxPool2d": 2, "nn.Dropout": 3, "nn.BatchNorm1d": 1,
-    }, c  # fmt: skip
+    assert c["replaced_by_class"] == {"nn.ReLU": 5, "nn.Linear": 2, "nn.Conv2d": 4, "nn.BatchNorm2d": 2}, c
+    assert c["left_stock_by_class"] == {"nn.MaxPool2d": 2, "nn.Dropout": 3, "nn.BatchNorm1d": 1}, c
     assert all(type(getattr(model, f"conv{i}")) is tnn.Conv2d for i in range(1, 5))
     assert type(model.relu5) is nn.Identity and model.fc1.activation == "relu"
     assert type(model.fc2) is tnn.Linear and model.fc2.activation == "none"
@@ -509,16 +507,17 @@ def test_report_text_and_dict():
     report = swap_modules(models.cnn_cifar())
     text = str(report)
     lines = text.splitlines()
-    assert lines[0].startswith("swap_modules: 11 replaced, 1 Linear+activation pair(s) fused, 8 left stock")
+    assert lines[0].startswith("swap_modules: 13 replaced, 1 Linear+activation pair(s) fused, 6 left stock")
     assert any(line.split() == ["fc1", "nn.Linear", "torchext.nn.Linear(activation='relu')"] for line in lines)
     assert any(line.split() == ["relu5", "nn.ReLU", "nn.Identity"] for line in lines)
     assert any(line.split() == ["conv1", "nn.Conv2d", "torchext.nn.Conv2d"] for line in lines)
-    assert any(line.split()[:2] == ["bn1", "nn.BatchNorm2d"] and NO_KERNEL in line for line in lines)
+    assert any(line.split() == ["bn1", "nn.BatchNorm2d", "torchext.nn.BatchNorm2d"] for line in lines)
+    assert any(line.split()[:2] == ["bn3", "nn.BatchNorm1d"] and NO_KERNEL in line for line in lines)
     d = json.loads(json.dumps(report.as_dict()))
-    assert d["counts"]["replaced"] == 11 and d["counts"]["left_stock"] == 8
+    assert d["counts"]["replaced"] == 13 and d["counts"]["left_stock"] == 6
     assert d["fused"] == [{"linear": "fc1", "activation": "relu5", "epilogue": "relu"}]
     assert d["replaced"][0] == {"name": "conv1", "old": "nn.Conv2d", "new": "torchext.nn.Conv2d"}
-    assert "replaced=11" in repr(report)
+    assert "replaced=13" in repr(report)
 
 
 def test_root_module_and_bad_arguments():

@@ -37,6 +37,9 @@ __all__ = [
     "linear",
     "matmul",
     "conv2d",
+    "batch_norm",
+    "batch_norm_relu",
+    "batch_norm_add_relu",
 ]
 
 
@@ -225,3 +228,71 @@ def conv2d(
             raise ValueError(f"torchext conv2d(): `padding` must be 'valid', 'same' or int(s), got {padding!r}")
     out = ops.conv2d(input, weight, bias, stride, padding, dilation, groups, activation, kernel)
     return out.squeeze(0) if unbatched else out
+
+
+# --- batch normalization (torchext/ops/batch_norm.py) ----------------------------------------------------------------
+
+
+def batch_norm(
+    input: Tensor,
+    running_mean: Optional[Tensor],
+    running_var: Optional[Tensor],
+    weight: Optional[Tensor] = None,
+    bias: Optional[Tensor] = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    *,
+    sum: Optional[Tensor] = None,
+    sum_sq: Optional[Tensor] = None,
+    kernel: Optional[str] = None,
+) -> Tensor:
+    """torch.nn.functional.batch_norm, plus ``sum`` / ``sum_sq`` (training: input's per-channel sum and sum of squares,
+    e.g. from torchext.ops.conv2d_stats, in place of the statistics pass) and ``kernel`` (a version of the CUDA ladder,
+    torchext.ops.batch_norm.BATCH_NORM_KERNELS, or 'cpu'; None the fastest that supports the arguments)."""
+    if training and isinstance(input, Tensor):
+        F_torch._verify_batch_size(input.size())
+    return ops.batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps, sum, sum_sq, kernel)
+
+
+def batch_norm_relu(
+    input: Tensor,
+    running_mean: Optional[Tensor],
+    running_var: Optional[Tensor],
+    weight: Optional[Tensor] = None,
+    bias: Optional[Tensor] = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    *,
+    sum: Optional[Tensor] = None,
+    sum_sq: Optional[Tensor] = None,
+    kernel: Optional[str] = None,
+) -> Tensor:
+    """relu(batch_norm(...)) in one pass (batch_norm's arguments)."""
+    if training and isinstance(input, Tensor):
+        F_torch._verify_batch_size(input.size())
+    return ops.batch_norm_relu(input, weight, bias, running_mean, running_var, training, momentum, eps, sum, sum_sq,
+                               kernel)  # fmt: skip
+
+
+def batch_norm_add_relu(
+    input: Tensor,
+    residual: Tensor,
+    running_mean: Optional[Tensor],
+    running_var: Optional[Tensor],
+    weight: Optional[Tensor] = None,
+    bias: Optional[Tensor] = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    *,
+    sum: Optional[Tensor] = None,
+    sum_sq: Optional[Tensor] = None,
+    kernel: Optional[str] = None,
+) -> Tensor:
+    """relu(batch_norm(input, ...) + residual) in one pass; residual is shaped like input (the block's shortcut)."""
+    if training and isinstance(input, Tensor):
+        F_torch._verify_batch_size(input.size())
+    return ops.batch_norm_add_relu(input, residual, weight, bias, running_mean, running_var, training, momentum, eps,
+                                   sum, sum_sq, kernel)  # fmt: skip

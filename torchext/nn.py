@@ -11,6 +11,8 @@ import torch
 from torch import Tensor, nn
 
 from . import functional as F
+from . import ops
+from .functional import _conv2d_same_padding
 from .ops.conv2d import conv2d_activation_name
 from .ops.matmul import activation_name
 
@@ -29,6 +31,10 @@ __all__ = [
     "MultiMarginLoss",
     "Linear",
     "Conv2d",
+    "BatchNorm2d",
+    "BatchNormReLU2d",
+    "BatchNormAddReLU2d",
+    "Conv2dBatchNormReLU",
 ]
 
 
@@ -219,3 +225,152 @@ class Conv2d(nn.Conv2d):
             activation=activation,
         )  # fmt: skip
         return _copy_parameters(module, conv)
+
+
+# --- batch normalization (torchext/ops/batch_norm.py) ----------------------------------------------------------------
+
+
+class BatchNorm2d(nn.BatchNorm2d):
+    """torch.nn.BatchNorm2d computed by torchext's batch_norm: same constructor arguments, parameters, buffers
+    (running_mean, running_var, num_batches_tracked) and state_dict keys, and the same training / eval behaviour
+    (momentum=None is the cumulative average over num_batches_tracked; track_running_stats=False normalizes with the
+    batch's statistics in eval too). A stock layer converts with ``BatchNorm2d.from_torch(bn)``."""
+
+    def _batch_norm_args(self) -> tuple:
+        """(training, momentum, running_mean, running_var) for this call, as nn.BatchNorm2d.forward computes them
+        (counting the batch in num_batches_tracked when it trains)."""
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        training = self.training or (self.running_mean is None and self.running_var is None)
+        keep = not self.training or self.track_running_stats
+        return training, factor, self.running_mean if keep else None, self.running_var if keep else None
+
+    def forward(self, input: Tensor) -> Tensor:
+        self._check_input_dim(input)
+        training, momentum, running_mean, running_var = self._batch_norm_args()
+        return F.batch_norm(input, running_mean, running_var, self.weight, self.bias, training, momentum, self.eps)
+
+    @classmethod
+    def from_torch(cls, bn: nn.BatchNorm2d):
+        """A module of this class holding a copy of ``bn``'s parameters and buffers (num_batches_tracked included),
+        on its device, in its dtype, in its training mode, with the same requires_grad flags."""
+        if not isinstance(bn, nn.BatchNorm2d):
+            raise TypeError(f"{cls.__name__}.from_torch: expected an nn.BatchNorm2d, got {type(bn).__name__}")
+        like = bn.weight if bn.weight is not None else bn.running_mean
+        where = {} if like is None else {"device": like.device, "dtype": like.dtype}
+        module = cls(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats, **where)
+        module.load_state_dict(bn.state_dict())
+        for name in ("weight", "bias"):
+            if getattr(bn, name) is not None:
+                getattr(module, name).requires_grad_(getattr(bn, name).requires_grad)
+        return module.train(bn.training)
+
+
+class BatchNormReLU2d(BatchNorm2d):
+    """relu(BatchNorm2d(x)) in one pass (torchext's batch_norm_relu; the backward reads a 1-bit mask, not the
+    output). Parameters, buffers and state_dict keys are nn.BatchNorm2d's: ``BatchNormReLU2d.from_torch(bn)`` takes a
+    stock layer's."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        self._check_input_dim(input)
+        training, momentum, running_mean, running_var = self._batch_norm_args()
+        return F.batch_norm_relu(input, running_mean, running_var, self.weight, self.bias, training, momentum,
+                                 self.eps)  # fmt: skip
+
+
+class BatchNormAddReLU2d(BatchNorm2d):
+    """relu(BatchNorm2d(x) + residual) in one pass, a residual block's tail: ``forward(x, residual)``, residual shaped
+    like x. The backward returns the residual's gradient from the same pass. Parameters, buffers and state_dict keys
+    are nn.BatchNorm2d's: ``BatchNormAddReLU2d.from_torch(bn)`` takes a stock layer's."""
+
+    def forward(self, input: Tensor, residual: Tensor) -> Tensor:
+        self._check_input_dim(input)
+        training, momentum, running_mean, running_var = self._batch_norm_args()
+        return F.batch_norm_add_relu(input, residual, running_mean, running_var, self.weight, self.bias, training,
+                                     momentum, self.eps)  # fmt: skip
+
+
+class Conv2dBatchNormReLU(nn.Sequential):
+    """relu(bn(conv(x))) with the batch statistics taken from the convolution's epilogue: in training, torchext's
+    conv2d_stats returns the output with its per-channel sum and sum of squares, and batch_norm_relu normalizes with
+    them (no statistics pass over the output); in eval, conv2d then batch_norm_relu with the running statistics.
+
+    A Sequential of (Conv2d, BatchNorm2d, ReLU), torchext's classes, with its own forward: its state_dict keys are
+    those of ``nn.Sequential(nn.Conv2d(...), nn.BatchNorm2d(...), nn.ReLU())`` ('0.weight', '1.running_mean', ...),
+    and ``.conv`` / ``.bn`` name the first two. Constructor: nn.Conv2d's arguments, then nn.BatchNorm2d's (eps,
+    momentum, affine, track_running_stats) for its output channels. ``Conv2dBatchNormReLU.from_torch(conv, bn)`` copies
+    a stock pair."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        eps: float = 1e-5,
+        momentum: Optional[float] = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        device=None,
+        dtype=None,
+    ) -> None:
+        conv = Conv2d(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
+                      device=device, dtype=dtype)  # fmt: skip
+        bn = BatchNorm2d(out_channels, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
+        super().__init__(conv, bn, ReLU())
+
+    @property
+    def conv(self) -> "Conv2d":
+        return self[0]
+
+    @property
+    def bn(self) -> "BatchNorm2d":
+        return self[1]
+
+    def forward(self, input: Tensor) -> Tensor:
+        conv, bn = self.conv, self.bn
+        training, momentum, running_mean, running_var = bn._batch_norm_args()
+        if not training:
+            out = conv(input)
+            return F.batch_norm_relu(out, running_mean, running_var, bn.weight, bn.bias, False, momentum, bn.eps)
+        x, padding = _conv2d_input_and_padding(conv, input)
+        out, s, ss = ops.conv2d_stats(x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups)
+        return F.batch_norm_relu(out, running_mean, running_var, bn.weight, bn.bias, True, momentum, bn.eps, sum=s,
+                                 sum_sq=ss)  # fmt: skip
+
+    @classmethod
+    def from_torch(cls, conv: nn.Conv2d, bn: nn.BatchNorm2d) -> "Conv2dBatchNormReLU":
+        """The fused module holding copies of a stock (or torchext) Conv2d's and BatchNorm2d's parameters and buffers,
+        in the Conv2d's training mode; ``bn`` must normalize the convolution's output channels."""
+        if not isinstance(conv, nn.Conv2d):
+            raise TypeError(f"Conv2dBatchNormReLU.from_torch: `conv` must be an nn.Conv2d, got {type(conv).__name__}")
+        if not isinstance(bn, nn.BatchNorm2d):
+            raise TypeError(f"Conv2dBatchNormReLU.from_torch: `bn` must be an nn.BatchNorm2d, got {type(bn).__name__}")
+        if bn.num_features != conv.out_channels:
+            raise ValueError(
+                f"Conv2dBatchNormReLU.from_torch: `bn` has {bn.num_features} features, `conv` {conv.out_channels} "
+                "output channels"
+            )
+        module = cls.__new__(cls)
+        nn.Sequential.__init__(module, Conv2d.from_torch(conv), BatchNorm2d.from_torch(bn), ReLU())
+        return module.train(conv.training)
+
+
+def _conv2d_input_and_padding(conv: nn.Conv2d, input: Tensor) -> tuple:
+    """(input, numeric padding) for torchext's conv ops, as torchext.nn.Conv2d pads: a padding_mode other than
+    'zeros' pads the input with F.pad first; 'valid' is 0; 'same' pads as torch does."""
+    if conv.padding_mode != "zeros":
+        mode = conv.padding_mode
+        return torch.nn.functional.pad(input, conv._reversed_padding_repeated_twice, mode=mode), 0
+    if conv.padding == "valid":
+        return input, 0
+    if conv.padding == "same":
+        return _conv2d_same_padding(input, conv.weight, conv.stride, conv.dilation)
+    return input, conv.padding

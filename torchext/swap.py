@@ -1,11 +1,11 @@
 """swap_modules: turn a stock model into a torchext one, keeping its parameters, state_dict keys and outputs.
 
-``swap_modules(model)`` walks the module tree and gives every ``nn.Linear``, every ``nn.Conv2d`` and every
-activation module that torchext implements torchext's class instead (``torchext.nn`` subclasses the torch.nn
-classes and only changes ``forward``). Swapping changes a module's class in place: the module object, its Parameters and buffers (same
-tensors, devices, dtypes, ``requires_grad``), its hooks and its training flag are kept, so an optimizer built
-before the swap still holds the model's parameters. ``inplace=False`` swaps a deep copy instead and leaves the
-argument untouched.
+``swap_modules(model)`` walks the module tree and gives every ``nn.Linear``, every ``nn.Conv2d``, every
+``nn.BatchNorm2d`` and every activation module that torchext implements torchext's class instead (``torchext.nn``
+subclasses the torch.nn classes and only changes ``forward``). Swapping changes a module's class in place: the module
+object, its Parameters and buffers (same tensors, devices, dtypes, ``requires_grad``), its hooks and its training flag
+are kept, so an optimizer built before the swap still holds the model's parameters. ``inplace=False`` swaps a deep
+copy instead and leaves the argument untouched.
 
 With ``fuse=True``, a Linear directly followed by a ReLU, GELU or SiLU inside an ``nn.Sequential`` becomes one
 ``torchext.nn.Linear(activation=...)`` (one kernel: matmul, bias and activation) and the activation's slot becomes
@@ -220,11 +220,13 @@ def swap_modules(
     inplace: bool = True,
     fuse: bool = True,
     conv: bool = True,
+    batch_norm: bool = True,
 ) -> SwapReport:
-    """Swap ``model``'s ``nn.Linear`` (``linear=True``), ``nn.Conv2d`` (``conv=True``) and activation modules
+    """Swap ``model``'s ``nn.Linear`` (``linear=True``), ``nn.Conv2d`` (``conv=True``), ``nn.BatchNorm2d``
+    (``batch_norm=True``; module by module, no fusion with a following ReLU here) and activation modules
     (``activations=True``: ReLU, LeakyReLU, Sigmoid, Tanh, GELU, SiLU, Softmax, LogSoftmax) for torchext's, in place
-    (``inplace=True``) or in a deep copy, fusing Linear + ReLU/GELU/SiLU pairs of a Sequential with ``fuse=True`` (which needs both
-    ``linear`` and ``activations``). Returns a ``SwapReport``; ``report.model`` is the swapped model.
+    (``inplace=True``) or in a deep copy, fusing Linear + ReLU/GELU/SiLU pairs of a Sequential with ``fuse=True``
+    (which needs both ``linear`` and ``activations``). Returns a ``SwapReport``; ``report.model`` is the swapped model.
 
     Swap before wrapping the model in ``torch.compile`` or DistributedDataParallel.
     """
@@ -263,6 +265,12 @@ def swap_modules(
                 report.replaced.append(Replaced(name, class_name(cls), class_name(tnn.Conv2d)))
             else:
                 report.left_stock.append(LeftStock(name, class_name(cls), "conv=False"))
+        elif cls is nn.BatchNorm2d:
+            if batch_norm:
+                module.__class__ = tnn.BatchNorm2d
+                report.replaced.append(Replaced(name, class_name(cls), class_name(tnn.BatchNorm2d)))
+            else:
+                report.left_stock.append(LeftStock(name, class_name(cls), "batch_norm=False"))
         elif cls in _ACTIVATIONS:
             if activations:
                 module.__class__ = _ACTIVATIONS[cls]
@@ -270,7 +278,10 @@ def swap_modules(
             else:
                 report.left_stock.append(LeftStock(name, class_name(cls), "activations=False"))
         else:
-            base = next((b for b in (nn.Linear, nn.Conv2d, *_ACTIVATIONS, *_LOSSES) if isinstance(module, b)), None)
+            base = next(
+                (b for b in (nn.Linear, nn.Conv2d, nn.BatchNorm2d, *_ACTIVATIONS, *_LOSSES) if isinstance(module, b)),
+                None,
+            )
             if base is not None and base in _LOSSES and cls is base:
                 reason = f"a loss: build {class_name(_LOSSES[base])} in the training loop instead"
                 report.left_stock.append(LeftStock(name, class_name(cls), reason))

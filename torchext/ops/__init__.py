@@ -2,6 +2,7 @@
 fake kernel and the autograd and autocast rules written in Python (the rest are C++: csrc/autograd.cpp)."""
 
 from .activations import gelu, leaky_relu, relu, sigmoid, silu, tanh
+from .batch_norm import batch_norm, batch_norm_add_relu, batch_norm_relu
 from .conv2d import conv2d, conv2d_stats
 from .cross_entropy import check_targets, cross_entropy
 from .losses import binary_cross_entropy_with_logits, mse_loss, multi_margin_loss
@@ -27,4 +28,7 @@ __all__ = [
     "linear",
     "conv2d",
     "conv2d_stats",
+    "batch_norm",
+    "batch_norm_relu",
+    "batch_norm_add_relu",
 ]

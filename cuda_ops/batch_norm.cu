@@ -1,0 +1,925 @@
+// Batch normalization kernels: the statistics reduction, the per-channel finalize, the normalize pass and the
+// backward's reduction and elementwise pass. The math and shapes are in cuda_ops/batch_norm_args.h: x is (A, C, B),
+// element (a, c, b) at (a C + c) B + b; rows x C (channels-last, B = 1) or planes (contiguous NCHW, B = H W).
+//
+// Passes and bytes, for E elements of s bytes (bf16: s = 2) and the mask's E / 8 bytes:
+//   forward (training)  1. statistics: each block sums (x - k) and (x - k)^2 over its tile in acc_t (k: the channel's
+//                          first element, a shift that keeps the sum of squares from cancelling) and writes one
+//                          partial pair per (chunk, channel) to the workspace                         reads E s
+//                       2. finalize: per channel, the chunks' partials added in fixed order in float64; mean, invstd,
+//                          the running buffers' update (on the device), save_mean / save_invstd and the per-channel
+//                          (mean, scale, shift) of the normalize pass                                   C-sized
+//                       3. normalize: y = act((x - mean) scale + shift [+ residual]), mask  reads E s (+ E s), writes
+//                                                                                            E s + E / 8
+//   forward (eval)      finalize from the running statistics, then normalize.
+//   forward with sums   (conv2d_stats' sum / sum_sq) finalize from them, then normalize: no statistics pass.
+//   backward            1. reduction: sum dz, sum dz (x - mean) per (chunk, channel), dz = dy & mask
+//                                                                                 reads 2 E s + E / 8
+//                       2. finalize: grad_weight, grad_bias, and dx = k (dz - r - q (x - mean)) per channel  C-sized
+//                       3. elementwise: dx and grad_residual (= dz)      reads 2 E s + E / 8, writes E s (+ E s)
+// The minimum is one read of each input and one write of each output; the multi-pass kernels add one read of x in
+// the forward and of x and dy in the backward. The elementwise passes walk the tensor in the reverse order of the
+// reductions, so their first reads find the reductions' last data still in L2 (the whole tensor, when it fits).
+//
+// The ladder (one launcher; the op's variant= names):
+//   simple      reductions: a block per (channel, chunk) reading element by element through the (A, C, B) index
+//               (strided in rows x C); elementwise: one thread per 8 elements, the channel computed per element.
+//               Any shape, any alignment.
+//   vectorized  16-byte loads and stores. rows x C (C % 8 == 0): 2-D blocks, threadIdx.x over 8-channel units of a row
+//               (the thread's channels' shift / mean / scale / shift in registers) and threadIdx.y over rows, 4 rows
+//               in flight per thread; the block's rows combined by a fixed shared-memory tree. planes (B % 8 == 0): 8
+//               elements of one plane per load, one channel per unit.
+// Determinism: every sum has a fixed order that depends on the shape only (chunk counts included, never on the GPU's
+// multiprocessor count), no atomics: the same bits on every run and every GPU.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "batch_norm.cuh"
+#include "batch_norm_math.h"
+#include "common.cuh"
+
+namespace torchext::cuda_ops {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kUnit = 8;                 // elements per mask byte, per vector unit
+constexpr int kIlp = 4;                  // units in flight per thread
+constexpr int64_t kTargetBlocks = 1024;  // reduction blocks per pass: a full wave on 132 SMs at 8 blocks each
+constexpr int64_t kMinItemsPerThread = 4;
+constexpr int kFinalizeCols = 32, kFinalizeRows = 8;
+constexpr int64_t kMaxGridY = 65535;
+constexpr int64_t kMaxGridX = 0x7fffffff;
+
+// --- conversions ---------------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ double to_double(float v) { return v; }
+__device__ __forceinline__ double to_double(double v) { return v; }
+__device__ __forceinline__ double to_double(__half v) { return __half2float(v); }
+__device__ __forceinline__ double to_double(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename P>
+__device__ __forceinline__ P from_double(double v);
+template <>
+__device__ __forceinline__ float from_double<float>(double v) {
+  return static_cast<float>(v);
+}
+template <>
+__device__ __forceinline__ double from_double<double>(double v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half from_double<__half>(double v) {
+  return __double2half(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_double<__nv_bfloat16>(double v) {
+  return __double2bfloat16(v);
+}
+
+// 8 consecutive elements (16-byte aligned) as 16-byte vectors.
+template <typename T>
+__device__ __forceinline__ void load8(const T* __restrict__ p, T (&out)[kUnit]) {
+  constexpr int V = kVec16<T>;
+#pragma unroll
+  for (int i = 0; i < kUnit / V; ++i) {
+    const Vec<T, V> v = reinterpret_cast<const Vec<T, V>*>(p)[i];
+#pragma unroll
+    for (int j = 0; j < V; ++j) out[i * V + j] = v.v[j];
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store8(T* __restrict__ p, const T (&in)[kUnit]) {
+  constexpr int V = kVec16<T>;
+#pragma unroll
+  for (int i = 0; i < kUnit / V; ++i) {
+    Vec<T, V> v;
+#pragma unroll
+    for (int j = 0; j < V; ++j) v.v[j] = in[i * V + j];
+    reinterpret_cast<Vec<T, V>*>(p)[i] = v;
+  }
+}
+
+template <typename A>
+__device__ __forceinline__ A relu_value(A v) {
+  return math::relu_forward(v);
+}
+
+// --- plans: grids and chunks, functions of the shape only ----------------------------------------------------------
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+// rows x C with C % 8 == 0: block (bx, by), bx 8-channel units of a row, by rows; grid (col_blocks, chunks).
+struct RowsPlan {
+  int bx = 1, by = 1;
+  int64_t col_blocks = 0, chunks = 0, rows_per_chunk = 0;
+};
+
+RowsPlan rows_plan(int64_t rows, int64_t c, bool reduction) {
+  RowsPlan p;
+  const int64_t units = c / kUnit;
+  p.bx = 1;
+  while (p.bx < units && p.bx < 32) p.bx *= 2;
+  p.by = kThreads / p.bx;
+  p.col_blocks = ceil_div(units, p.bx);
+  if (rows <= 0 || units <= 0) return p;
+  const int64_t want = ceil_div(rows, p.by * (reduction ? kMinItemsPerThread : 2 * kIlp));
+  const int64_t cap = reduction ? std::max<int64_t>(1, kTargetBlocks / p.col_blocks) : kMaxGridY;
+  p.chunks = clamp64(want, 1, cap);
+  p.rows_per_chunk = ceil_div(rows, p.chunks);
+  p.chunks = ceil_div(rows, p.rows_per_chunk);
+  return p;
+}
+
+// A block per (channel, chunk) over the channel's items (8-element units when vectorized, else elements).
+struct ChannelPlan {
+  int64_t chunks = 0, items_per_chunk = 0;
+};
+
+ChannelPlan channel_plan(int64_t items, int64_t c) {
+  ChannelPlan p;
+  if (items <= 0 || c <= 0) return p;
+  const int64_t cap = std::min<int64_t>(kMaxGridY, std::max<int64_t>(1, kTargetBlocks / c));
+  p.chunks = clamp64(ceil_div(items, kThreads * kMinItemsPerThread), 1, cap);
+  p.items_per_chunk = ceil_div(items, p.chunks);
+  p.chunks = ceil_div(items, p.items_per_chunk);
+  return p;
+}
+
+// Which kernels a call runs.
+enum class Path { simple, rows, planes };
+
+Path path_of(BatchNormKernel kernel, const BatchNormShape& s) {
+  if (kernel == BatchNormKernel::simple) return Path::simple;
+  return s.b == 1 ? Path::rows : Path::planes;
+}
+
+// Chunks of the reduction for this path (0: no reduction).
+int64_t reduce_chunks(Path path, const BatchNormShape& s) {
+  const int64_t n = s.a * s.b;
+  if (n == 0 || s.c == 0) return 0;
+  switch (path) {
+    case Path::rows:
+      return rows_plan(s.a, s.c, true).chunks;
+    case Path::planes:
+      return channel_plan(n / kUnit, s.c).chunks;
+    default:
+      return channel_plan(n, s.c).chunks;
+  }
+}
+
+// --- reductions ----------------------------------------------------------------------------------------------------
+// Forward (BWD false): s0 += x - k, s1 += (x - k)^2 with k = x[c B]. Backward: s0 += dz, s1 += dz (x - mean).
+// partial[chunk C + c] holds s0, partial[(chunks + chunk) C + c] s1.
+
+template <typename T>
+struct ReduceIn {
+  const T* x = nullptr;
+  const T* dy = nullptr;           // backward
+  const uint8_t* mask = nullptr;   // backward, optional
+  const acc_t<T>* mean = nullptr;  // backward
+};
+
+template <typename T, bool BWD>
+__global__ void __launch_bounds__(kThreads)
+    reduce_rows_vec_kernel(ReduceIn<T> in, int64_t rows, int64_t C, int64_t rows_per_chunk, int64_t chunks,
+                           acc_t<T>* __restrict__ partial) {
+  using A = acc_t<T>;
+  __shared__ A sh[2][kThreads * kUnit];
+  const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t units = C / kUnit;
+  const int64_t u = int64_t(blockIdx.x) * bx + tx;
+  const int64_t chunk = blockIdx.y;
+  const int64_t r0 = chunk * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  A s0[kUnit], s1[kUnit];
+#pragma unroll
+  for (int j = 0; j < kUnit; ++j) s0[j] = s1[j] = A(0);
+  if (u < units) {
+    const int64_t c0 = u * kUnit;
+    A ref[kUnit];
+    if constexpr (BWD) {
+#pragma unroll
+      for (int j = 0; j < kUnit; ++j) ref[j] = in.mean[c0 + j];
+    } else {
+      T k[kUnit];
+      load8(in.x + c0, k);
+#pragma unroll
+      for (int j = 0; j < kUnit; ++j) ref[j] = to_acc<T>(k[j]);
+    }
+    for (int64_t row = r0 + ty; row < r1; row += int64_t(by) * kIlp) {
+      T xv[kIlp][kUnit], gv[kIlp][kUnit];
+      uint8_t bits[kIlp];
+#pragma unroll
+      for (int i = 0; i < kIlp; ++i) {
+        const int64_t r = row + int64_t(i) * by;
+        if (r < r1) {
+          load8(in.x + r * C + c0, xv[i]);
+          if constexpr (BWD) {
+            load8(in.dy + r * C + c0, gv[i]);
+            bits[i] = in.mask != nullptr ? in.mask[r * units + u] : uint8_t(0xff);
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kIlp; ++i) {
+        if (row + int64_t(i) * by < r1) {
+#pragma unroll
+          for (int j = 0; j < kUnit; ++j) {
+            const A d = to_acc<T>(xv[i][j]) - ref[j];
+            if constexpr (BWD) {
+              const A dz = (bits[i] >> j) & 1 ? to_acc<T>(gv[i][j]) : A(0);
+              s0[j] += dz;
+              s1[j] += dz * d;
+            } else {
+              s0[j] += d;
+              s1[j] += d * d;
+            }
+          }
+        }
+      }
+    }
+  }
+  // The block's rows, combined by a fixed tree over ty.
+  const int slot = (ty * bx + tx) * kUnit;
+#pragma unroll
+  for (int j = 0; j < kUnit; ++j) {
+    sh[0][slot + j] = s0[j];
+    sh[1][slot + j] = s1[j];
+  }
+  for (int half = by / 2; half > 0; half /= 2) {
+    __syncthreads();
+    if (ty < half) {
+      const int other = ((ty + half) * bx + tx) * kUnit;
+#pragma unroll
+      for (int j = 0; j < kUnit; ++j) {
+        sh[0][slot + j] += sh[0][other + j];
+        sh[1][slot + j] += sh[1][other + j];
+      }
+    }
+  }
+  if (ty == 0 && u < units) {
+    const int64_t c0 = u * kUnit;
+#pragma unroll
+    for (int j = 0; j < kUnit; ++j) {
+      partial[chunk * C + c0 + j] = sh[0][tx * kUnit + j];
+      partial[(chunks + chunk) * C + c0 + j] = sh[1][tx * kUnit + j];
+    }
+  }
+}
+
+// A block per (channel, chunk): VEC reads 8-element units of a plane (B % 8 == 0), else single elements through the
+// (A, C, B) index (any layout: the 'simple' rung).
+template <typename T, bool BWD, bool VEC>
+__global__ void __launch_bounds__(kThreads)
+    reduce_channel_kernel(ReduceIn<T> in, BatchNormShape s, int64_t items_per_chunk, int64_t chunks,
+                          acc_t<T>* __restrict__ partial) {
+  using A = acc_t<T>;
+  __shared__ A scratch[32];
+  const int64_t c = blockIdx.x, chunk = blockIdx.y;
+  const int64_t B = s.b, C = s.c;
+  const int64_t items = VEC ? s.a * B / kUnit : s.a * B;
+  const int64_t i0 = chunk * items_per_chunk;
+  const int64_t i1 = i0 + items_per_chunk < items ? i0 + items_per_chunk : items;
+  const A ref = BWD ? in.mean[c] : to_acc<T>(in.x[c * B]);
+  A s0 = A(0), s1 = A(0);
+  for (int64_t item = i0 + threadIdx.x; item < i1; item += kThreads) {
+    const int64_t e = VEC ? item * kUnit : item;  // index in the channel's (a, b) space
+    const int64_t a = e / B, b = e - a * B;
+    const int64_t off = (a * C + c) * B + b;
+    if constexpr (VEC) {
+      T xv[kUnit], gv[kUnit];
+      load8(in.x + off, xv);
+      uint8_t bits = 0xff;
+      if constexpr (BWD) {
+        load8(in.dy + off, gv);
+        if (in.mask != nullptr) bits = in.mask[off / kUnit];
+      }
+#pragma unroll
+      for (int j = 0; j < kUnit; ++j) {
+        const A d = to_acc<T>(xv[j]) - ref;
+        if constexpr (BWD) {
+          const A dz = (bits >> j) & 1 ? to_acc<T>(gv[j]) : A(0);
+          s0 += dz;
+          s1 += dz * d;
+        } else {
+          s0 += d;
+          s1 += d * d;
+        }
+      }
+    } else {
+      const A d = to_acc<T>(in.x[off]) - ref;
+      if constexpr (BWD) {
+        const bool pass = in.mask == nullptr || ((in.mask[off / kUnit] >> (off % kUnit)) & 1);
+        const A dz = pass ? to_acc<T>(in.dy[off]) : A(0);
+        s0 += dz;
+        s1 += dz * d;
+      } else {
+        s0 += d;
+        s1 += d * d;
+      }
+    }
+  }
+  s0 = block_sum(s0, scratch);
+  s1 = block_sum(s1, scratch);
+  if (threadIdx.x == 0) {
+    partial[chunk * C + c] = s0;
+    partial[(chunks + chunk) * C + c] = s1;
+  }
+}
+
+// Column c's two sums over the chunks, in float64 and a fixed order: warp-row ty adds chunks ty, ty + 8, ..., then
+// row 0 adds the 8 rows in order. Every thread of the block must call it.
+template <typename A>
+__device__ __forceinline__ void chunk_sums(const A* __restrict__ partial, int64_t C, int64_t chunks, int64_t c,
+                                           double* s0, double* s1) {
+  __shared__ double sh[2][kFinalizeRows][kFinalizeCols];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  double a0 = 0, a1 = 0;
+  if (c < C) {
+    for (int64_t k = ty; k < chunks; k += kFinalizeRows) {
+      a0 += static_cast<double>(partial[k * C + c]);
+      a1 += static_cast<double>(partial[(chunks + k) * C + c]);
+    }
+  }
+  sh[0][ty][tx] = a0;
+  sh[1][ty][tx] = a1;
+  __syncthreads();
+  *s0 = *s1 = 0;
+  if (ty == 0) {
+    for (int r = 0; r < kFinalizeRows; ++r) {
+      *s0 += sh[0][r][tx];
+      *s1 += sh[1][r][tx];
+    }
+  }
+}
+
+// --- forward --------------------------------------------------------------------------------------------------------
+
+// Per channel: the statistics, the running buffers' update, save_mean / save_invstd, and chan = (mean, scale, shift).
+template <typename T, typename P>
+__global__ void __launch_bounds__(kFinalizeCols* kFinalizeRows)
+    finalize_forward_kernel(BatchNormForwardArgs<T, P> args, const acc_t<T>* __restrict__ partial, int64_t chunks,
+                            acc_t<T>* __restrict__ chan) {
+  using A = acc_t<T>;
+  const int64_t C = args.shape.c, n = args.shape.a * args.shape.b;
+  const int64_t c = int64_t(blockIdx.x) * kFinalizeCols + threadIdx.x;
+  double s0, s1;
+  chunk_sums(partial, C, chunks, c, &s0, &s1);
+  if (threadIdx.y != 0 || c >= C) return;
+  double mean = 0, invstd = 0;
+  if (args.training) {
+    if (n > 0) {
+      double k = 0;
+      if (args.sum != nullptr) {
+        s0 = static_cast<double>(args.sum[c]);
+        s1 = static_cast<double>(args.sum_sq[c]);
+      } else {
+        k = to_double(args.x[c * args.shape.b]);
+      }
+      const math::ChannelStats st = math::stats_from_shifted_sums(k, s0, s1, n);
+      mean = st.mean;
+      invstd = math::inv_std(st.var_sum / static_cast<double>(n), args.eps);
+      if (args.running_mean != nullptr) {
+        args.running_mean[c] =
+            from_double<P>(math::running_update(args.momentum, mean, to_double(args.running_mean[c])));
+      }
+      if (args.running_var != nullptr) {
+        const double unbiased = math::unbiased_var(st.var_sum, n);
+        args.running_var[c] =
+            from_double<P>(math::running_update(args.momentum, unbiased, to_double(args.running_var[c])));
+      }
+    }
+  } else {
+    mean = to_double(args.running_mean[c]);
+    invstd = math::inv_std(to_double(args.running_var[c]), args.eps);
+  }
+  const double w = args.weight != nullptr ? to_double(args.weight[c]) : 1.0;
+  const double b = args.bias != nullptr ? to_double(args.bias[c]) : 0.0;
+  args.save_mean[c] = static_cast<A>(mean);
+  args.save_invstd[c] = static_cast<A>(invstd);
+  chan[c] = static_cast<A>(mean);
+  chan[C + c] = static_cast<A>(w * invstd);
+  chan[2 * C + c] = static_cast<A>(b);
+}
+
+struct ForwardFlags {
+  bool residual, relu;
+};
+
+// 8 values of one unit: v = (x - mean) scale + shift [+ r], relu and its mask byte.
+template <typename T>
+__device__ __forceinline__ uint8_t normalize_unit(const T (&xv)[kUnit], const T (&rv)[kUnit],
+                                                  const acc_t<T> (&mean)[kUnit], const acc_t<T> (&scale)[kUnit],
+                                                  const acc_t<T> (&shift)[kUnit], ForwardFlags f, T (&yv)[kUnit]) {
+  using A = acc_t<T>;
+  uint8_t bits = 0;
+#pragma unroll
+  for (int j = 0; j < kUnit; ++j) {
+    A v = (to_acc<T>(xv[j]) - mean[j]) * scale[j] + shift[j];
+    if (f.residual) v += to_acc<T>(rv[j]);
+    if (f.relu) {
+      bits |= math::relu_bit(v) ? uint8_t(1u << j) : uint8_t(0);
+      v = relu_value(v);
+    }
+    yv[j] = from_acc<T>(v);
+  }
+  return bits;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    normalize_rows_vec_kernel(const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ y,
+                              uint8_t* __restrict__ mask, const acc_t<T>* __restrict__ chan, int64_t rows, int64_t C,
+                              int64_t rows_per_chunk, ForwardFlags f) {
+  using A = acc_t<T>;
+  const int bx = blockDim.x, by = blockDim.y;
+  const int64_t units = C / kUnit;
+  const int64_t u = int64_t(blockIdx.x) * bx + threadIdx.x;
+  if (u >= units) return;
+  const int64_t chunk = gridDim.y - 1 - blockIdx.y;  // reverse order: the reduction's last rows are in L2
+  const int64_t r0 = chunk * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  const int64_t c0 = u * kUnit;
+  A mean[kUnit], scale[kUnit], shift[kUnit];
+#pragma unroll
+  for (int j = 0; j < kUnit; ++j) {
+    mean[j] = chan[c0 + j];
+    scale[j] = chan[C + c0 + j];
+    shift[j] = chan[2 * C + c0 + j];
+  }
+  for (int64_t row = r0 + threadIdx.y; row < r1; row += int64_t(by) * kIlp) {
+    T xv[kIlp][kUnit], rv[kIlp][kUnit];
+#pragma unroll
+    for (int i = 0; i < kIlp; ++i) {
+      const int64_t r = row + int64_t(i) * by;
+      if (r < r1) {
+        load8(x + r * C + c0, xv[i]);
+        if (f.residual) load8(res + r * C + c0, rv[i]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kIlp; ++i) {
+      const int64_t r = row + int64_t(i) * by;
+      if (r < r1) {
+        T yv[kUnit];
+        const uint8_t bits = normalize_unit(xv[i], rv[i], mean, scale, shift, f, yv);
+        store8(y + r * C + c0, yv);
+        if (f.relu) mask[r * units + u] = bits;
+      }
+    }
+  }
+}
+
+// Flat over units of 8 elements in memory order, kThreads x kIlp units per block chunk, chunks in reverse order. VEC:
+// planes with B % 8 == 0 (one channel per unit, 16-byte loads); else any shape, element by element.
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(kThreads)
+    normalize_flat_kernel(const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ y,
+                          uint8_t* __restrict__ mask, const acc_t<T>* __restrict__ chan, BatchNormShape s,
+                          int64_t numel, ForwardFlags f) {
+  using A = acc_t<T>;
+  const int64_t C = s.c, B = s.b;
+  const int64_t units = (numel + kUnit - 1) / kUnit;
+  const int64_t per_block = int64_t(kThreads) * kIlp;
+  const int64_t nchunks = (units + per_block - 1) / per_block;
+  for (int64_t k = blockIdx.x; k < nchunks; k += gridDim.x) {
+    const int64_t chunk = nchunks - 1 - k;
+#pragma unroll
+    for (int i = 0; i < kIlp; ++i) {
+      const int64_t unit = chunk * per_block + int64_t(i) * kThreads + threadIdx.x;
+      if (unit >= units) continue;
+      const int64_t e0 = unit * kUnit;
+      T xv[kUnit], rv[kUnit], yv[kUnit];
+      A mean[kUnit], scale[kUnit], shift[kUnit];
+      if constexpr (VEC) {
+        const int64_t c = (e0 / B) % C;
+        load8(x + e0, xv);
+        if (f.residual) load8(res + e0, rv);
+#pragma unroll
+        for (int j = 0; j < kUnit; ++j) {
+          mean[j] = chan[c];
+          scale[j] = chan[C + c];
+          shift[j] = chan[2 * C + c];
+        }
+        const uint8_t bits = normalize_unit(xv, rv, mean, scale, shift, f, yv);
+        store8(y + e0, yv);
+        if (f.relu) mask[unit] = bits;
+      } else {
+        const int count = numel - e0 < kUnit ? int(numel - e0) : kUnit;
+#pragma unroll
+        for (int j = 0; j < kUnit; ++j) {
+          const int64_t e = e0 + (j < count ? j : 0);
+          const int64_t c = B == 1 ? e % C : (e / B) % C;
+          xv[j] = x[e];
+          rv[j] = f.residual ? res[e] : xv[j];
+          mean[j] = chan[c];
+          scale[j] = chan[C + c];
+          shift[j] = chan[2 * C + c];
+        }
+        uint8_t bits = normalize_unit(xv, rv, mean, scale, shift, f, yv);
+        for (int j = 0; j < count; ++j) y[e0 + j] = yv[j];
+        if (f.relu) mask[unit] = count == kUnit ? bits : uint8_t(bits & ((1u << count) - 1u));
+      }
+    }
+  }
+}
+
+// --- backward -------------------------------------------------------------------------------------------------------
+
+// Per channel: grad_weight, grad_bias and coef = (k, q, r, mean) of dx = k (dz - r - q (x - mean)): k = w invstd,
+// r = mean(dz), q = invstd^2 mean(dz (x - mean)) in training (0 in eval), the form torch's kernels use.
+template <typename T, typename P>
+__global__ void __launch_bounds__(kFinalizeCols* kFinalizeRows)
+    finalize_backward_kernel(BatchNormBackwardArgs<T, P> args, const acc_t<T>* __restrict__ partial, int64_t chunks,
+                             acc_t<T>* __restrict__ coef) {
+  using A = acc_t<T>;
+  const int64_t C = args.shape.c, n = args.shape.a * args.shape.b;
+  const int64_t c = int64_t(blockIdx.x) * kFinalizeCols + threadIdx.x;
+  double s0, s1;
+  chunk_sums(partial, C, chunks, c, &s0, &s1);
+  if (threadIdx.y != 0 || c >= C) return;
+  const double invstd = static_cast<double>(args.save_invstd[c]);
+  const double w = args.weight != nullptr ? to_double(args.weight[c]) : 1.0;
+  if (args.grad_bias != nullptr) args.grad_bias[c] = from_double<P>(s0);
+  if (args.grad_weight != nullptr) args.grad_weight[c] = from_double<P>(s1 * invstd);
+  const bool stats = args.training && n > 0;
+  coef[c] = static_cast<A>(w * invstd);
+  coef[C + c] = stats ? static_cast<A>(invstd * invstd * s1 / static_cast<double>(n)) : A(0);
+  coef[2 * C + c] = stats ? static_cast<A>(s0 / static_cast<double>(n)) : A(0);
+  coef[3 * C + c] = args.save_mean[c];
+}
+
+struct BackwardFlags {
+  bool training, grad_input, grad_residual, mask;
+};
+
+template <typename T>
+__device__ __forceinline__ void backward_unit(const T (&gv)[kUnit], const T (&xv)[kUnit], uint8_t bits,
+                                              const acc_t<T> (&k)[kUnit], const acc_t<T> (&q)[kUnit],
+                                              const acc_t<T> (&r)[kUnit], const acc_t<T> (&mean)[kUnit],
+                                              BackwardFlags f, T (&dx)[kUnit], T (&dz_out)[kUnit]) {
+  using A = acc_t<T>;
+#pragma unroll
+  for (int j = 0; j < kUnit; ++j) {
+    const A dz = (bits >> j) & 1 ? to_acc<T>(gv[j]) : A(0);
+    dz_out[j] = from_acc<T>(dz);
+    const A v = f.training ? dz - r[j] - q[j] * (to_acc<T>(xv[j]) - mean[j]) : dz;
+    dx[j] = from_acc<T>(k[j] * v);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    backward_rows_vec_kernel(const T* __restrict__ dy, const T* __restrict__ x, const uint8_t* __restrict__ mask,
+                             T* __restrict__ dx, T* __restrict__ gres, const acc_t<T>* __restrict__ coef, int64_t rows,
+                             int64_t C, int64_t rows_per_chunk, BackwardFlags f) {
+  using A = acc_t<T>;
+  const int bx = blockDim.x, by = blockDim.y;
+  const int64_t units = C / kUnit;
+  const int64_t u = int64_t(blockIdx.x) * bx + threadIdx.x;
+  if (u >= units) return;
+  const int64_t chunk = gridDim.y - 1 - blockIdx.y;
+  const int64_t r0 = chunk * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  const int64_t c0 = u * kUnit;
+  A k[kUnit], q[kUnit], r[kUnit], mean[kUnit];
+#pragma unroll
+  for (int j = 0; j < kUnit; ++j) {
+    k[j] = coef[c0 + j];
+    q[j] = coef[C + c0 + j];
+    r[j] = coef[2 * C + c0 + j];
+    mean[j] = coef[3 * C + c0 + j];
+  }
+  for (int64_t row = r0 + threadIdx.y; row < r1; row += int64_t(by) * kIlp) {
+    T gv[kIlp][kUnit], xv[kIlp][kUnit];
+    uint8_t bits[kIlp];
+#pragma unroll
+    for (int i = 0; i < kIlp; ++i) {
+      const int64_t rr = row + int64_t(i) * by;
+      if (rr < r1) {
+        load8(dy + rr * C + c0, gv[i]);
+        if (f.training && f.grad_input) load8(x + rr * C + c0, xv[i]);
+        bits[i] = f.mask ? mask[rr * units + u] : uint8_t(0xff);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kIlp; ++i) {
+      const int64_t rr = row + int64_t(i) * by;
+      if (rr < r1) {
+        T dxv[kUnit], dzv[kUnit];
+        backward_unit(gv[i], xv[i], bits[i], k, q, r, mean, f, dxv, dzv);
+        if (f.grad_input) store8(dx + rr * C + c0, dxv);
+        if (f.grad_residual) store8(gres + rr * C + c0, dzv);
+      }
+    }
+  }
+}
+
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(kThreads)
+    backward_flat_kernel(const T* __restrict__ dy, const T* __restrict__ x, const uint8_t* __restrict__ mask,
+                         T* __restrict__ dx, T* __restrict__ gres, const acc_t<T>* __restrict__ coef, BatchNormShape s,
+                         int64_t numel, BackwardFlags f) {
+  using A = acc_t<T>;
+  const int64_t C = s.c, B = s.b;
+  const int64_t units = (numel + kUnit - 1) / kUnit;
+  const int64_t per_block = int64_t(kThreads) * kIlp;
+  const int64_t nchunks = (units + per_block - 1) / per_block;
+  const bool read_x = f.training && f.grad_input;
+  for (int64_t kk = blockIdx.x; kk < nchunks; kk += gridDim.x) {
+    const int64_t chunk = nchunks - 1 - kk;
+#pragma unroll
+    for (int i = 0; i < kIlp; ++i) {
+      const int64_t unit = chunk * per_block + int64_t(i) * kThreads + threadIdx.x;
+      if (unit >= units) continue;
+      const int64_t e0 = unit * kUnit;
+      T gv[kUnit], xv[kUnit], dxv[kUnit], dzv[kUnit];
+      A k[kUnit], q[kUnit], r[kUnit], mean[kUnit];
+      const uint8_t bits = f.mask ? mask[unit] : uint8_t(0xff);
+      int count = kUnit;
+      if constexpr (VEC) {
+        const int64_t c = (e0 / B) % C;
+        load8(dy + e0, gv);
+        if (read_x) load8(x + e0, xv);
+#pragma unroll
+        for (int j = 0; j < kUnit; ++j) {
+          k[j] = coef[c];
+          q[j] = coef[C + c];
+          r[j] = coef[2 * C + c];
+          mean[j] = coef[3 * C + c];
+        }
+      } else {
+        count = numel - e0 < kUnit ? int(numel - e0) : kUnit;
+#pragma unroll
+        for (int j = 0; j < kUnit; ++j) {
+          const int64_t e = e0 + (j < count ? j : 0);
+          const int64_t c = B == 1 ? e % C : (e / B) % C;
+          gv[j] = dy[e];
+          xv[j] = read_x ? x[e] : gv[j];
+          k[j] = coef[c];
+          q[j] = coef[C + c];
+          r[j] = coef[2 * C + c];
+          mean[j] = coef[3 * C + c];
+        }
+      }
+      backward_unit(gv, xv, bits, k, q, r, mean, f, dxv, dzv);
+      if constexpr (VEC) {
+        if (f.grad_input) store8(dx + e0, dxv);
+        if (f.grad_residual) store8(gres + e0, dzv);
+      } else {
+        for (int j = 0; j < count; ++j) {
+          if (f.grad_input) dx[e0 + j] = dxv[j];
+          if (f.grad_residual) gres[e0 + j] = dzv[j];
+        }
+      }
+    }
+  }
+}
+
+// --- launch helpers ------------------------------------------------------------------------------------------------
+
+unsigned flat_grid(int64_t numel) {
+  const int64_t units = (numel + kUnit - 1) / kUnit;
+  const int64_t blocks = ceil_div(units, int64_t(kThreads) * kIlp);
+  return static_cast<unsigned>(clamp64(blocks, 1, kMaxGridX));
+}
+
+size_t align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
+
+bool aligned16(const void* p) { return p == nullptr || aligned_to(p, 16); }
+
+template <typename T>
+bool vectorized_shape_ok(const BatchNormShape& s, const char** why) {
+  if (s.b == 1 ? s.c % kUnit != 0 : s.b % kUnit != 0) {
+    if (why != nullptr) *why = "needs C % 8 == 0 (channels-last) or H W % 8 == 0 (NCHW)";
+    return false;
+  }
+  return true;
+}
+
+template <typename T>
+cudaError_t launch_reduce(Path path, const ReduceIn<T>& in, const BatchNormShape& s, int64_t chunks, bool bwd,
+                          acc_t<T>* partial, cudaStream_t stream) {
+  const int64_t n = s.a * s.b;
+  if (chunks == 0) return cudaSuccess;
+  if (path == Path::rows) {
+    const RowsPlan p = rows_plan(s.a, s.c, true);
+    const dim3 grid(static_cast<unsigned>(p.col_blocks), static_cast<unsigned>(p.chunks)), block(p.bx, p.by);
+    if (bwd) {
+      reduce_rows_vec_kernel<T, true><<<grid, block, 0, stream>>>(in, s.a, s.c, p.rows_per_chunk, p.chunks, partial);
+    } else {
+      reduce_rows_vec_kernel<T, false><<<grid, block, 0, stream>>>(in, s.a, s.c, p.rows_per_chunk, p.chunks, partial);
+    }
+  } else {
+    const bool vec = path == Path::planes;
+    const ChannelPlan p = channel_plan(vec ? n / kUnit : n, s.c);
+    if (s.c > kMaxGridX) return cudaErrorNotSupported;
+    const dim3 grid(static_cast<unsigned>(s.c), static_cast<unsigned>(p.chunks));
+    if (vec && bwd) {
+      reduce_channel_kernel<T, true, true><<<grid, kThreads, 0, stream>>>(in, s, p.items_per_chunk, p.chunks, partial);
+    } else if (vec) {
+      reduce_channel_kernel<T, false, true><<<grid, kThreads, 0, stream>>>(in, s, p.items_per_chunk, p.chunks, partial);
+    } else if (bwd) {
+      reduce_channel_kernel<T, true, false><<<grid, kThreads, 0, stream>>>(in, s, p.items_per_chunk, p.chunks, partial);
+    } else {
+      reduce_channel_kernel<T, false, false>
+          <<<grid, kThreads, 0, stream>>>(in, s, p.items_per_chunk, p.chunks, partial);
+    }
+  }
+  return cudaGetLastError();
+}
+
+unsigned finalize_grid(int64_t c) { return static_cast<unsigned>(ceil_div(c, kFinalizeCols)); }
+
+// Workspace: [partial: 2 chunks C][per-channel: `vectors` x C], each part 16-byte aligned.
+template <typename A>
+struct Workspace {
+  A* partial;
+  A* vectors;
+};
+
+template <typename A>
+Workspace<A> split_workspace(void* base, int64_t chunks, int64_t c) {
+  char* p = static_cast<char*>(base);
+  return {reinterpret_cast<A*>(p), reinterpret_cast<A*>(p + align16(size_t(2 * chunks * c) * sizeof(A)))};
+}
+
+template <typename A>
+size_t workspace_bytes(int64_t chunks, int64_t c, int vectors) {
+  return align16(size_t(2 * chunks * c) * sizeof(A)) + align16(size_t(vectors) * size_t(c) * sizeof(A));
+}
+
+}  // namespace
+
+// --- the launcher ----------------------------------------------------------------------------------------------------
+
+template <typename T, typename P>
+bool batch_norm_forward_supported(BatchNormKernel kernel, const BatchNormForwardArgs<T, P>& args, const char** why) {
+  switch (kernel) {
+    case BatchNormKernel::simple:
+      return true;
+    case BatchNormKernel::vectorized:
+      if (!vectorized_shape_ok<T>(args.shape, why)) return false;
+      if (!aligned16(args.x) || !aligned16(args.y) || !aligned16(args.residual)) {
+        if (why != nullptr) *why = "needs 16-byte aligned input, residual and output";
+        return false;
+      }
+      return true;
+    default:
+      if (why != nullptr) *why = "unknown kernel";
+      return false;
+  }
+}
+
+template <typename T, typename P>
+bool batch_norm_backward_supported(BatchNormKernel kernel, const BatchNormBackwardArgs<T, P>& args, const char** why) {
+  switch (kernel) {
+    case BatchNormKernel::simple:
+      return true;
+    case BatchNormKernel::vectorized:
+      if (!vectorized_shape_ok<T>(args.shape, why)) return false;
+      if (!aligned16(args.grad_out) || !aligned16(args.x) || !aligned16(args.grad_input) ||
+          !aligned16(args.grad_residual)) {
+        if (why != nullptr) *why = "needs 16-byte aligned grad_out, input and gradients";
+        return false;
+      }
+      return true;
+    default:
+      if (why != nullptr) *why = "unknown kernel";
+      return false;
+  }
+}
+
+template <typename T, typename P>
+BatchNormKernel batch_norm_forward_default_kernel(const BatchNormForwardArgs<T, P>& args) {
+  return batch_norm_forward_supported(BatchNormKernel::vectorized, args) ? BatchNormKernel::vectorized
+                                                                         : BatchNormKernel::simple;
+}
+
+template <typename T, typename P>
+BatchNormKernel batch_norm_backward_default_kernel(const BatchNormBackwardArgs<T, P>& args) {
+  return batch_norm_backward_supported(BatchNormKernel::vectorized, args) ? BatchNormKernel::vectorized
+                                                                          : BatchNormKernel::simple;
+}
+
+template <typename T, typename P>
+size_t batch_norm_forward_workspace_bytes(BatchNormKernel kernel, const BatchNormForwardArgs<T, P>& args) {
+  const bool stats_pass = args.training && args.sum == nullptr;
+  const int64_t chunks = stats_pass ? reduce_chunks(path_of(kernel, args.shape), args.shape) : 0;
+  return workspace_bytes<acc_t<T>>(chunks, args.shape.c, 3);
+}
+
+template <typename T, typename P>
+size_t batch_norm_backward_workspace_bytes(BatchNormKernel kernel, const BatchNormBackwardArgs<T, P>& args) {
+  const bool sums =
+      args.grad_weight != nullptr || args.grad_bias != nullptr || (args.training && args.grad_input != nullptr);
+  const int64_t chunks = sums ? reduce_chunks(path_of(kernel, args.shape), args.shape) : 0;
+  return workspace_bytes<acc_t<T>>(chunks, args.shape.c, 4);
+}
+
+template <typename T, typename P>
+cudaError_t batch_norm_forward(BatchNormKernel kernel, const BatchNormForwardArgs<T, P>& args, cudaStream_t stream,
+                               void* workspace) {
+  using A = acc_t<T>;
+  if (!batch_norm_forward_supported(kernel, args)) return cudaErrorNotSupported;
+  const BatchNormShape& s = args.shape;
+  if (s.c == 0) return cudaSuccess;
+  if (workspace == nullptr) return cudaErrorInvalidValue;
+  const Path path = path_of(kernel, s);
+  const bool stats_pass = args.training && args.sum == nullptr;
+  const int64_t chunks = stats_pass ? reduce_chunks(path, s) : 0;
+  const Workspace<A> ws = split_workspace<A>(workspace, chunks, s.c);
+  ReduceIn<T> in;
+  in.x = args.x;
+  cudaError_t err = launch_reduce<T>(path, in, s, chunks, false, ws.partial, stream);
+  if (err != cudaSuccess) return err;
+  finalize_forward_kernel<T, P>
+      <<<finalize_grid(s.c), dim3(kFinalizeCols, kFinalizeRows), 0, stream>>>(args, ws.partial, chunks, ws.vectors);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const int64_t numel = s.a * s.c * s.b;
+  if (numel == 0) return cudaSuccess;
+  const ForwardFlags f{args.residual != nullptr, args.mask != nullptr};
+  if (path == Path::rows) {
+    const RowsPlan p = rows_plan(s.a, s.c, false);
+    normalize_rows_vec_kernel<T>
+        <<<dim3(static_cast<unsigned>(p.col_blocks), static_cast<unsigned>(p.chunks)), dim3(p.bx, p.by), 0, stream>>>(
+            args.x, args.residual, args.y, args.mask, ws.vectors, s.a, s.c, p.rows_per_chunk, f);
+  } else if (path == Path::planes) {
+    normalize_flat_kernel<T, true>
+        <<<flat_grid(numel), kThreads, 0, stream>>>(args.x, args.residual, args.y, args.mask, ws.vectors, s, numel, f);
+  } else {
+    normalize_flat_kernel<T, false>
+        <<<flat_grid(numel), kThreads, 0, stream>>>(args.x, args.residual, args.y, args.mask, ws.vectors, s, numel, f);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T, typename P>
+cudaError_t batch_norm_backward(BatchNormKernel kernel, const BatchNormBackwardArgs<T, P>& args, cudaStream_t stream,
+                                void* workspace) {
+  using A = acc_t<T>;
+  if (!batch_norm_backward_supported(kernel, args)) return cudaErrorNotSupported;
+  const BatchNormShape& s = args.shape;
+  if (s.c == 0) return cudaSuccess;
+  if (workspace == nullptr) return cudaErrorInvalidValue;
+  const Path path = path_of(kernel, s);
+  const bool sums =
+      args.grad_weight != nullptr || args.grad_bias != nullptr || (args.training && args.grad_input != nullptr);
+  const int64_t chunks = sums ? reduce_chunks(path, s) : 0;
+  const Workspace<A> ws = split_workspace<A>(workspace, chunks, s.c);
+  ReduceIn<T> in;
+  in.x = args.x;
+  in.dy = args.grad_out;
+  in.mask = args.mask;
+  in.mean = args.save_mean;
+  cudaError_t err = launch_reduce<T>(path, in, s, chunks, true, ws.partial, stream);
+  if (err != cudaSuccess) return err;
+  finalize_backward_kernel<T, P>
+      <<<finalize_grid(s.c), dim3(kFinalizeCols, kFinalizeRows), 0, stream>>>(args, ws.partial, chunks, ws.vectors);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const int64_t numel = s.a * s.c * s.b;
+  if (numel == 0 || (args.grad_input == nullptr && args.grad_residual == nullptr)) return cudaSuccess;
+  const BackwardFlags f{args.training, args.grad_input != nullptr, args.grad_residual != nullptr, args.mask != nullptr};
+  if (path == Path::rows) {
+    const RowsPlan p = rows_plan(s.a, s.c, false);
+    backward_rows_vec_kernel<T>
+        <<<dim3(static_cast<unsigned>(p.col_blocks), static_cast<unsigned>(p.chunks)), dim3(p.bx, p.by), 0, stream>>>(
+            args.grad_out, args.x, args.mask, args.grad_input, args.grad_residual, ws.vectors, s.a, s.c,
+            p.rows_per_chunk, f);
+  } else if (path == Path::planes) {
+    backward_flat_kernel<T, true><<<flat_grid(numel), kThreads, 0, stream>>>(
+        args.grad_out, args.x, args.mask, args.grad_input, args.grad_residual, ws.vectors, s, numel, f);
+  } else {
+    backward_flat_kernel<T, false><<<flat_grid(numel), kThreads, 0, stream>>>(
+        args.grad_out, args.x, args.mask, args.grad_input, args.grad_residual, ws.vectors, s, numel, f);
+  }
+  return cudaGetLastError();
+}
+
+#define TORCHEXT_INSTANTIATE_BATCH_NORM(T, P)                                                                         \
+  template bool batch_norm_forward_supported<T, P>(BatchNormKernel, const BatchNormForwardArgs<T, P>&, const char**); \
+  template bool batch_norm_backward_supported<T, P>(BatchNormKernel, const BatchNormBackwardArgs<T, P>&,              \
+                                                    const char**);                                                    \
+  template BatchNormKernel batch_norm_forward_default_kernel<T, P>(const BatchNormForwardArgs<T, P>&);                \
+  template BatchNormKernel batch_norm_backward_default_kernel<T, P>(const BatchNormBackwardArgs<T, P>&);              \
+  template size_t batch_norm_forward_workspace_bytes<T, P>(BatchNormKernel, const BatchNormForwardArgs<T, P>&);       \
+  template size_t batch_norm_backward_workspace_bytes<T, P>(BatchNormKernel, const BatchNormBackwardArgs<T, P>&);     \
+  template cudaError_t batch_norm_forward<T, P>(BatchNormKernel, const BatchNormForwardArgs<T, P>&, cudaStream_t,     \
+                                                void*);                                                               \
+  template cudaError_t batch_norm_backward<T, P>(BatchNormKernel, const BatchNormBackwardArgs<T, P>&, cudaStream_t,   \
+                                                 void*);
+TORCHEXT_INSTANTIATE_BATCH_NORM(float, float)
+TORCHEXT_INSTANTIATE_BATCH_NORM(double, double)
+TORCHEXT_INSTANTIATE_BATCH_NORM(__half, __half)
+TORCHEXT_INSTANTIATE_BATCH_NORM(__half, float)
+TORCHEXT_INSTANTIATE_BATCH_NORM(__nv_bfloat16, __nv_bfloat16)
+TORCHEXT_INSTANTIATE_BATCH_NORM(__nv_bfloat16, float)
+#undef TORCHEXT_INSTANTIATE_BATCH_NORM
+
+}  // namespace torchext::cuda_ops
