@@ -37,6 +37,9 @@ __all__ = [
     "linear",
     "matmul",
     "conv2d",
+    "max_pool2d",
+    "avg_pool2d",
+    "adaptive_avg_pool2d",
 ]
 
 
@@ -225,3 +228,40 @@ def conv2d(
             raise ValueError(f"torchext conv2d(): `padding` must be 'valid', 'same' or int(s), got {padding!r}")
     out = ops.conv2d(input, weight, bias, stride, padding, dilation, groups, activation, kernel)
     return out.squeeze(0) if unbatched else out
+
+
+# --- pooling (torchext/ops/pooling.py) -------------------------------------------------------------------------
+
+
+def max_pool2d(
+    input: Tensor,
+    kernel_size,
+    stride=None,
+    padding=0,
+    dilation=1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+):
+    """torch.nn.functional.max_pool2d: the output, or (output, indices) with ``return_indices`` (int64 positions
+    ih * W + iw within each (H, W) plane, as torch's, usable by F.max_unpool2d)."""
+    out, indices = ops.max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode)
+    return (out, indices) if return_indices else out
+
+
+def avg_pool2d(
+    input: Tensor,
+    kernel_size,
+    stride=None,
+    padding=0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Tensor:
+    """torch.nn.functional.avg_pool2d."""
+    return ops.avg_pool2d(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
+    """torch.nn.functional.adaptive_avg_pool2d: output_size an int or a pair whose None entries keep the input's
+    size."""
+    return ops.adaptive_avg_pool2d(input, output_size)

@@ -20,6 +20,10 @@ Only exact classes are swapped: a user subclass of ``nn.ReLU`` (or ``nn.Linear``
 was fused, what was left stock and why, and what was torchext's already; swapping a swapped model is a no-op.
 A Conv2d is not fused with a following ReLU here (``torchext.nn.Conv2d(activation='relu')`` does that by hand).
 
+With ``pooling=True`` (the default) every ``nn.MaxPool2d``, ``nn.AvgPool2d`` and ``nn.AdaptiveAvgPool2d`` is
+swapped too; one whose arguments torchext's kernels refuse (padding over half the kernel, a zero stride or
+divisor_override: torch raises at its forward as well) is left stock, with the reason in the report.
+
 Losses are not modules of a model: choose ``torchext.nn.CrossEntropyLoss`` (label smoothing supported) where the
 training loop builds its loss.
 """
@@ -45,6 +49,11 @@ _ACTIVATIONS: dict[type, type] = {
     nn.SiLU: tnn.SiLU,
     nn.Softmax: tnn.Softmax,
     nn.LogSoftmax: tnn.LogSoftmax,
+}
+_POOLS: dict[type, type] = {
+    nn.MaxPool2d: tnn.MaxPool2d,
+    nn.AvgPool2d: tnn.AvgPool2d,
+    nn.AdaptiveAvgPool2d: tnn.AdaptiveAvgPool2d,
 }
 _TORCHEXT_CLASSES: tuple[type, ...] = tuple(getattr(tnn, name) for name in tnn.__all__)
 
@@ -83,6 +92,33 @@ def class_name(cls: type) -> str:
     if getattr(tnn, cls.__name__, None) is cls:
         return f"torchext.nn.{cls.__name__}"
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _pool_not_supported(module: nn.Module) -> str | None:
+    """Why torchext's pooling kernels would refuse this pooling module's arguments (csrc/pooling.h's checks), or None
+    if they take them."""
+
+    def pair(value):
+        values = list(value) if isinstance(value, (tuple, list)) else [value]
+        return values * (2 // len(values)) if len(values) in (1, 2) else None
+
+    if isinstance(module, nn.AdaptiveAvgPool2d):
+        sizes = pair(module.output_size)
+        if sizes is None or not all(v is None or (isinstance(v, int) and v >= 0) for v in sizes):
+            return f"output_size {module.output_size!r}: torchext takes ints >= 0 or None"
+        return None
+    kernel, padding = pair(module.kernel_size), pair(module.padding)
+    stride = pair(module.stride if module.stride not in (None, (), []) else module.kernel_size)
+    dilation = pair(getattr(module, "dilation", 1))
+    if any(v is None or not all(isinstance(x, int) for x in v) for v in (kernel, stride, padding, dilation)):
+        return "kernel_size, stride, padding and dilation must be ints or pairs of ints"
+    if min(kernel) < 1 or min(stride) < 1 or min(dilation) < 1:
+        return "kernel_size, stride and dilation must be at least 1"
+    if any(not 0 <= p <= k // 2 for p, k in zip(padding, kernel, strict=True)):
+        return f"padding {module.padding!r} is not in [0, kernel_size / 2] for kernel_size {module.kernel_size!r}"
+    if getattr(module, "divisor_override", None) == 0:
+        return "divisor_override 0"
+    return None
 
 
 class Replaced(NamedTuple):
@@ -220,9 +256,11 @@ def swap_modules(
     inplace: bool = True,
     fuse: bool = True,
     conv: bool = True,
+    pooling: bool = True,
 ) -> SwapReport:
-    """Swap ``model``'s ``nn.Linear`` (``linear=True``), ``nn.Conv2d`` (``conv=True``) and activation modules
-    (``activations=True``: ReLU, LeakyReLU, Sigmoid, Tanh, GELU, SiLU, Softmax, LogSoftmax) for torchext's, in place
+    """Swap ``model``'s ``nn.Linear`` (``linear=True``), ``nn.Conv2d`` (``conv=True``), activation modules
+    (``activations=True``: ReLU, LeakyReLU, Sigmoid, Tanh, GELU, SiLU, Softmax, LogSoftmax) and pooling modules
+    (``pooling=True``: MaxPool2d, AvgPool2d, AdaptiveAvgPool2d) for torchext's, in place
     (``inplace=True``) or in a deep copy, fusing Linear + ReLU/GELU/SiLU pairs of a Sequential with ``fuse=True`` (which needs both
     ``linear`` and ``activations``). Returns a ``SwapReport``; ``report.model`` is the swapped model.
 
@@ -269,8 +307,16 @@ def swap_modules(
                 report.replaced.append(Replaced(name, class_name(cls), class_name(_ACTIVATIONS[cls])))
             else:
                 report.left_stock.append(LeftStock(name, class_name(cls), "activations=False"))
+        elif cls in _POOLS:
+            reason = _pool_not_supported(module) if pooling else "pooling=False"
+            if reason is None:
+                module.__class__ = _POOLS[cls]
+                report.replaced.append(Replaced(name, class_name(cls), class_name(_POOLS[cls])))
+            else:
+                report.left_stock.append(LeftStock(name, class_name(cls), reason))
         else:
-            base = next((b for b in (nn.Linear, nn.Conv2d, *_ACTIVATIONS, *_LOSSES) if isinstance(module, b)), None)
+            bases = (nn.Linear, nn.Conv2d, *_ACTIVATIONS, *_POOLS, *_LOSSES)
+            base = next((b for b in bases if isinstance(module, b)), None)
             if base is not None and base in _LOSSES and cls is base:
                 reason = f"a loss: build {class_name(_LOSSES[base])} in the training loop instead"
                 report.left_stock.append(LeftStock(name, class_name(cls), reason))
