@@ -63,8 +63,8 @@ void max_pool2d_forward(const at::Tensor& x4, at::Tensor& y4, at::Tensor& idx4, 
       std::vector<int64_t> where(g.c);
       for (int64_t t = begin; t < end; ++t) {
         const int64_t ow = t % g.ow, oh = t / g.ow % g.oh, n = t / (g.ow * g.oh);
-        const PoolRange rh = cuda_ops::max_window(oh, g.h, g.kh, g.sh, g.ph, g.dh);
-        const PoolRange rw = cuda_ops::max_window(ow, g.w, g.kw, g.sw, g.pw, g.dw);
+        const PoolRange<> rh = cuda_ops::max_window(oh, g.h, g.kh, g.sh, g.ph, g.dh);
+        const PoolRange<> rw = cuda_ops::max_window(ow, g.w, g.kw, g.sw, g.pw, g.dw);
         std::fill(best.begin(), best.end(), -std::numeric_limits<A>::infinity());
         std::fill(where.begin(), where.end(), rh.begin * g.w + rw.begin);
         for (int64_t ih = rh.begin; ih < rh.end; ih += g.dh) {
@@ -96,9 +96,9 @@ void max_pool2d_forward(const at::Tensor& x4, at::Tensor& y4, at::Tensor& idx4, 
       scalar_t* py = y + t * g.oh * g.ow;
       int64_t* pi = idx + t * g.oh * g.ow;
       for (int64_t oh = 0; oh < g.oh; ++oh) {
-        const PoolRange rh = cuda_ops::max_window(oh, g.h, g.kh, g.sh, g.ph, g.dh);
+        const PoolRange<> rh = cuda_ops::max_window(oh, g.h, g.kh, g.sh, g.ph, g.dh);
         for (int64_t ow = 0; ow < g.ow; ++ow) {
-          const PoolRange rw = cuda_ops::max_window(ow, g.w, g.kw, g.sw, g.pw, g.dw);
+          const PoolRange<> rw = cuda_ops::max_window(ow, g.w, g.kw, g.sw, g.pw, g.dw);
           A best = -std::numeric_limits<A>::infinity();
           int64_t where = rh.begin * g.w + rw.begin;
           for (int64_t ih = rh.begin; ih < rh.end; ih += g.dh) {
@@ -132,8 +132,8 @@ void max_pool2d_backward_kernel(const at::Tensor& dy4, const at::Tensor& idx4, a
       std::vector<A> acc(g.c);
       for (int64_t t = begin; t < end; ++t) {
         const int64_t iw = t % g.w, ih = t / g.w % g.h, n = t / (g.w * g.h);
-        const PoolRange rh = cuda_ops::rows_covering(ih, g.oh, g.kh, g.sh, g.ph, g.dh);
-        const PoolRange rw = cuda_ops::rows_covering(iw, g.ow, g.kw, g.sw, g.pw, g.dw);
+        const PoolRange<> rh = cuda_ops::rows_covering(ih, g.oh, g.kh, g.sh, g.ph, g.dh);
+        const PoolRange<> rw = cuda_ops::rows_covering(iw, g.ow, g.kw, g.sw, g.pw, g.dw);
         const int64_t pos = ih * g.w + iw;
         std::fill(acc.begin(), acc.end(), A(0));
         for (int64_t oh = rh.begin; oh < rh.end; ++oh) {
@@ -158,9 +158,9 @@ void max_pool2d_backward_kernel(const at::Tensor& dy4, const at::Tensor& idx4, a
       const int64_t* pi = idx + n * is.n + c * is.c;
       scalar_t* px = dx + t * g.h * g.w;
       for (int64_t ih = 0; ih < g.h; ++ih) {
-        const PoolRange rh = cuda_ops::rows_covering(ih, g.oh, g.kh, g.sh, g.ph, g.dh);
+        const PoolRange<> rh = cuda_ops::rows_covering(ih, g.oh, g.kh, g.sh, g.ph, g.dh);
         for (int64_t iw = 0; iw < g.w; ++iw) {
-          const PoolRange rw = cuda_ops::rows_covering(iw, g.ow, g.kw, g.sw, g.pw, g.dw);
+          const PoolRange<> rw = cuda_ops::rows_covering(iw, g.ow, g.kw, g.sw, g.pw, g.dw);
           const int64_t pos = ih * g.w + iw;
           A acc = 0;
           for (int64_t oh = rh.begin; oh < rh.end; ++oh) {
@@ -181,30 +181,34 @@ void max_pool2d_backward_kernel(const at::Tensor& dy4, const at::Tensor& idx4, a
 
 struct AvgWindows {
   const Pool2dGeometry& g;
-  PoolRange rows(int64_t oh) const {
+  PoolRange<> rows(int64_t oh) const {
     int64_t size;
     return cuda_ops::avg_window(oh, g.h, g.kh, g.sh, g.ph, &size);
   }
-  PoolRange cols(int64_t ow) const {
+  PoolRange<> cols(int64_t ow) const {
     int64_t size;
     return cuda_ops::avg_window(ow, g.w, g.kw, g.sw, g.pw, &size);
   }
   int64_t divisor(int64_t oh, int64_t ow) const { return cuda_ops::avg_divisor(g, oh, ow); }
-  PoolRange rows_covering(int64_t ih) const { return cuda_ops::rows_covering(ih, g.oh, g.kh, g.sh, g.ph, 1); }
-  PoolRange cols_covering(int64_t iw) const { return cuda_ops::rows_covering(iw, g.ow, g.kw, g.sw, g.pw, 1); }
+  PoolRange<> rows_covering(int64_t ih) const {
+    return cuda_ops::rows_covering(ih, g.oh, g.kh, g.sh, g.ph, int64_t{1});
+  }
+  PoolRange<> cols_covering(int64_t iw) const {
+    return cuda_ops::rows_covering(iw, g.ow, g.kw, g.sw, g.pw, int64_t{1});
+  }
   int64_t work() const { return g.kh * g.kw; }
 };
 
 struct AdaptiveWindows {
   const Pool2dGeometry& g;
-  PoolRange rows(int64_t oh) const { return cuda_ops::adaptive_window(oh, g.h, g.oh); }
-  PoolRange cols(int64_t ow) const { return cuda_ops::adaptive_window(ow, g.w, g.ow); }
+  PoolRange<> rows(int64_t oh) const { return cuda_ops::adaptive_window(oh, g.h, g.oh); }
+  PoolRange<> cols(int64_t ow) const { return cuda_ops::adaptive_window(ow, g.w, g.ow); }
   int64_t divisor(int64_t oh, int64_t ow) const {
-    const PoolRange rh = rows(oh), rw = cols(ow);
+    const PoolRange<> rh = rows(oh), rw = cols(ow);
     return (rh.end - rh.begin) * (rw.end - rw.begin);
   }
-  PoolRange rows_covering(int64_t ih) const { return cuda_ops::adaptive_rows_covering(ih, g.h, g.oh); }
-  PoolRange cols_covering(int64_t iw) const { return cuda_ops::adaptive_rows_covering(iw, g.w, g.ow); }
+  PoolRange<> rows_covering(int64_t ih) const { return cuda_ops::adaptive_rows_covering(ih, g.h, g.oh); }
+  PoolRange<> cols_covering(int64_t iw) const { return cuda_ops::adaptive_rows_covering(iw, g.w, g.ow); }
   int64_t work() const {
     return std::max<int64_t>(1, (g.h + g.oh - 1) / std::max<int64_t>(g.oh, 1) + 1) *
            std::max<int64_t>(1, (g.w + g.ow - 1) / std::max<int64_t>(g.ow, 1) + 1);
@@ -223,7 +227,7 @@ void avg_forward(const at::Tensor& x4, at::Tensor& y4, const Windows& win, bool 
       std::vector<A> acc(g.c);
       for (int64_t t = begin; t < end; ++t) {
         const int64_t ow = t % g.ow, oh = t / g.ow % g.oh, n = t / (g.ow * g.oh);
-        const PoolRange rh = win.rows(oh), rw = win.cols(ow);
+        const PoolRange<> rh = win.rows(oh), rw = win.cols(ow);
         std::fill(acc.begin(), acc.end(), A(0));
         for (int64_t ih = rh.begin; ih < rh.end; ++ih) {
           for (int64_t iw = rw.begin; iw < rw.end; ++iw) {
@@ -243,9 +247,9 @@ void avg_forward(const at::Tensor& x4, at::Tensor& y4, const Windows& win, bool 
       const scalar_t* px = x + t / g.c * xs.n + t % g.c * xs.c;
       scalar_t* py = y + t * g.oh * g.ow;
       for (int64_t oh = 0; oh < g.oh; ++oh) {
-        const PoolRange rh = win.rows(oh);
+        const PoolRange<> rh = win.rows(oh);
         for (int64_t ow = 0; ow < g.ow; ++ow) {
-          const PoolRange rw = win.cols(ow);
+          const PoolRange<> rw = win.cols(ow);
           A acc = 0;
           for (int64_t ih = rh.begin; ih < rh.end; ++ih) {
             for (int64_t iw = rw.begin; iw < rw.end; ++iw) acc += static_cast<A>(px[ih * xs.h + iw * xs.w]);
@@ -269,7 +273,7 @@ void avg_backward(const at::Tensor& dy4, at::Tensor& dx4, const Windows& win, bo
       std::vector<A> acc(g.c);
       for (int64_t t = begin; t < end; ++t) {
         const int64_t iw = t % g.w, ih = t / g.w % g.h, n = t / (g.w * g.h);
-        const PoolRange rh = win.rows_covering(ih), rw = win.cols_covering(iw);
+        const PoolRange<> rh = win.rows_covering(ih), rw = win.cols_covering(iw);
         std::fill(acc.begin(), acc.end(), A(0));
         for (int64_t oh = rh.begin; oh < rh.end; ++oh) {
           for (int64_t ow = rw.begin; ow < rw.end; ++ow) {
@@ -289,9 +293,9 @@ void avg_backward(const at::Tensor& dy4, at::Tensor& dx4, const Windows& win, bo
       const scalar_t* pg = dy + t / g.c * gs.n + t % g.c * gs.c;
       scalar_t* px = dx + t * g.h * g.w;
       for (int64_t ih = 0; ih < g.h; ++ih) {
-        const PoolRange rh = win.rows_covering(ih);
+        const PoolRange<> rh = win.rows_covering(ih);
         for (int64_t iw = 0; iw < g.w; ++iw) {
-          const PoolRange rw = win.cols_covering(iw);
+          const PoolRange<> rw = win.cols_covering(iw);
           A acc = 0;
           for (int64_t oh = rh.begin; oh < rh.end; ++oh) {
             for (int64_t ow = rw.begin; ow < rw.end; ++ow) {

@@ -37,54 +37,62 @@ struct Pool2dGeometry {
   int64_t divisor_override = 0;   // avg_pool2d: 0 for none
 };
 
-// Rows begin, begin + step, ... below end.
+// Rows begin, begin + step, ... below end. I is the index type: int64_t, or int32_t where the CUDA launchers know
+// every product fits (cuda_ops/pooling.cu: 32-bit division is several times cheaper).
+template <typename I = int64_t>
 struct PoolRange {
-  int64_t begin, end;
+  I begin, end;
 };
 
 // max_pool2d: the first row of output o's window inside the input and the end of its span (step d). torch's order:
 // begin moves up by d until it is inside.
-TORCHEXT_POOL_HD PoolRange max_window(int64_t o, int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
-  int64_t begin = o * s - p;
-  const int64_t span_end = begin + (k - 1) * d + 1;
+template <typename I>
+TORCHEXT_POOL_HD PoolRange<I> max_window(I o, I in, I k, I s, I p, I d) {
+  I begin = o * s - p;
+  const I span_end = begin + (k - 1) * d + 1;
   if (begin < 0) begin += (-begin + d - 1) / d * d;
   return {begin, span_end < in ? span_end : in};
 }
 
 // avg_pool2d: output o's window clipped to the input, and `size`, its extent clipped only at in + p (what
 // count_include_pad divides by).
-TORCHEXT_POOL_HD PoolRange avg_window(int64_t o, int64_t in, int64_t k, int64_t s, int64_t p, int64_t* size) {
-  const int64_t begin = o * s - p;
-  int64_t end = begin + k;
+template <typename I>
+TORCHEXT_POOL_HD PoolRange<I> avg_window(I o, I in, I k, I s, I p, I* size) {
+  const I begin = o * s - p;
+  I end = begin + k;
   if (end > in + p) end = in + p;
   *size = end - begin;
-  return {begin > 0 ? begin : 0, end < in ? end : in};
+  return {begin > 0 ? begin : I(0), end < in ? end : in};
 }
 
 // avg_pool2d's divisor for output (oh, ow).
-TORCHEXT_POOL_HD int64_t avg_divisor(const Pool2dGeometry& g, int64_t oh, int64_t ow) {
-  if (g.divisor_override != 0) return g.divisor_override;
-  int64_t size_h, size_w;
-  const PoolRange rh = avg_window(oh, g.h, g.kh, g.sh, g.ph, &size_h);
-  const PoolRange rw = avg_window(ow, g.w, g.kw, g.sw, g.pw, &size_w);
+template <typename I>
+TORCHEXT_POOL_HD I avg_divisor(const Pool2dGeometry& g, I oh, I ow) {
+  if (g.divisor_override != 0) return static_cast<I>(g.divisor_override);
+  I size_h, size_w;
+  const PoolRange<I> rh = avg_window<I>(oh, g.h, g.kh, g.sh, g.ph, &size_h);
+  const PoolRange<I> rw = avg_window<I>(ow, g.w, g.kw, g.sw, g.pw, &size_w);
   return g.count_include_pad ? size_h * size_w : (rh.end - rh.begin) * (rw.end - rw.begin);
 }
 
 // adaptive_avg_pool2d: output o's window [floor(o in / out), ceil((o + 1) in / out)).
-TORCHEXT_POOL_HD PoolRange adaptive_window(int64_t o, int64_t in, int64_t out) {
+template <typename I>
+TORCHEXT_POOL_HD PoolRange<I> adaptive_window(I o, I in, I out) {
   return {o * in / out, ((o + 1) * in + out - 1) / out};
 }
 
 // The outputs [begin, end) whose max / avg window spans input row i (span d (k - 1) + 1).
-TORCHEXT_POOL_HD PoolRange rows_covering(int64_t i, int64_t out, int64_t k, int64_t s, int64_t p, int64_t d) {
-  const int64_t span = d * (k - 1) + 1;
-  const int64_t begin = i + p < span ? 0 : (i + p - span) / s + 1;
-  const int64_t end = (i + p) / s + 1;
+template <typename I>
+TORCHEXT_POOL_HD PoolRange<I> rows_covering(I i, I out, I k, I s, I p, I d) {
+  const I span = d * (k - 1) + 1;
+  const I begin = i + p < span ? I(0) : (i + p - span) / s + 1;
+  const I end = (i + p) / s + 1;
   return {begin, end < out ? end : out};
 }
 
 // The outputs [begin, end) whose adaptive window holds input row i (the inverse of adaptive_window).
-TORCHEXT_POOL_HD PoolRange adaptive_rows_covering(int64_t i, int64_t in, int64_t out) {
+template <typename I>
+TORCHEXT_POOL_HD PoolRange<I> adaptive_rows_covering(I i, I in, I out) {
   return {i * out / in, ((i + 1) * out + in - 1) / in};
 }
 
