@@ -177,10 +177,11 @@ def test_max_pool2d_every_layout(layout, device):
 @pytest.mark.parametrize("device", device_params())
 def test_max_pool2d_nan_inf_and_ties(device):
     """NaN wins (the last NaN of a window), the first of equal maxima, -inf windows keep their first position, and
-    a window entirely in the padding gives -inf with torch's index (past the plane); all as torch's CPU kernel."""
+    a window entirely in the padding gives -inf with torch's index (past the plane); all as torch's CPU kernel (on
+    CUDA, torch's channels-last kernel gives index 0 to an all -inf window: docs/differences.md)."""
     nan, inf = float("nan"), float("inf")
     rows = torch.tensor([[1.0, nan, 3.0, nan, 2.0, 2.0, -inf, -inf], [5.0, 5.0, -1.0, nan, inf, 0.0, -inf, 4.0]])
-    x = rows.view(1, 1, 2, 8).repeat(2, 3, 1, 1)
+    x = rows.view(1, 1, 2, 8).repeat(2, 8, 1, 1)  # 8 channels: the vectorized channels-last CUDA path for every dtype
     for fmt in (torch.contiguous_format, torch.channels_last):
         for opts in (dict(kernel_size=2), dict(kernel_size=(2, 3), stride=1, padding=(1, 1)), dict(kernel_size=(1, 4))):
             xs = x.to(device).contiguous(memory_format=fmt)
