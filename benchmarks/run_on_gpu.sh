@@ -5,7 +5,7 @@
 # (TORCHEXT_HYPOTHESIS_PROFILE=gpu unless set).
 #
 #   OUT=out bash benchmarks/run_on_gpu.sh [build] [test] [memcheck] [racecheck] [synccheck] [bench] [matmul] [memory]
-#                                         [host] [conv2d] [batch_norm] [compare] [ddp] [notebooks]
+#                                         [host] [conv2d] [batch_norm] [pooling] [compare] [ddp] [notebooks]
 #   (default: the first four)
 # ONLY_TESTS (e.g. "tests/test_matmul.py tests/test_conv2d.py") narrows the test stage to those files, GPU tests only.
 #
@@ -14,6 +14,7 @@
 # conv2d runs benchmarks/bench_conv2d.py (every ResNet-18 convolution against cuDNN; CONV2D_ARGS e.g. --dtypes bfloat16).
 # batch_norm runs benchmarks/bench_batch_norm.py (BN + ReLU and BN + add + ReLU fwd+bwd against eager and torch.compile
 # at ResNet's shapes, batch 512 bf16; ~2 min, most of it torch.compile's; BATCH_NORM_ARGS e.g. --no-compile).
+# pooling runs benchmarks/bench_pooling.py (ResNet-18's pools against torch, bf16 channels-last and fp32 NCHW, ~20 s).
 # compare runs the CIFAR-10 comparisons named in COMPARE_RUNS (default: all of the table below; about 15 min on an
 # H100, so name a few per call where calls are limited to 10 min); ddp the ResNet-18 recipe under
 # torchrun --nproc_per_node=2 (2 GPUs). Each run is written to /tmp/torchext-compare/<run>/ (results, plots and its
@@ -107,6 +108,8 @@ has host && bench_stage "host time per call" bench_host.py host_gpu --device cud
 has conv2d && bench_stage "conv2d against cuDNN" bench_conv2d.py conv2d_gpu ${CONV2D_ARGS:-}
 # shellcheck disable=SC2086
 has batch_norm && bench_stage "batch norm against eager and torch.compile" bench_batch_norm.py batch_norm_gpu ${BATCH_NORM_ARGS:-}
+# shellcheck disable=SC2086
+has pooling && bench_stage "pooling against torch" bench_pooling.py pooling_gpu ${POOLING_ARGS:-}
 # compare_run NAME LIMIT_S [torchext-compare args...]
 compare_run() {
   local name=$1 limit=$2

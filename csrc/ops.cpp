@@ -135,4 +135,25 @@ TORCH_LIBRARY(torchext, m) {
       "batch_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor save_mean, Tensor save_invstd, "
       "Tensor? mask, bool training, float eps, bool[4] output_mask, str? variant=None) -> (Tensor grad_input, "
       "Tensor grad_weight, Tensor grad_bias, Tensor grad_residual)");
+  // Pooling (csrc/pooling_*.cpp, the checks, output sizes and layout rule in csrc/pooling.h; the CUDA kernels are
+  // cuda_ops/pooling.cu). torch.nn.functional's semantics: input (N, C, H, W) or unbatched (C, H, W); an empty
+  // `stride` means the kernel size; the output (and max_pool2d's indices) follows input's memory format.
+  // max_pool2d's indices are int64, ih * W + iw within each (H, W) plane, as torch's; NaN propagates. The *_backward
+  // ops take `input` for grad_input's shape and layout (only max_pool2d_backward's indices say where the gradient
+  // goes) and gather, so they are deterministic.
+  m.def(
+      "max_pool2d(Tensor input, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, "
+      "bool ceil_mode=False) -> (Tensor out, Tensor indices)");
+  m.def(
+      "max_pool2d_backward(Tensor grad_output, Tensor input, int[2] kernel_size, int[2] stride, int[2] padding, "
+      "int[2] dilation, bool ceil_mode, Tensor indices) -> Tensor");
+  m.def(
+      "avg_pool2d(Tensor input, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, "
+      "bool count_include_pad=True, int? divisor_override=None) -> Tensor");
+  m.def(
+      "avg_pool2d_backward(Tensor grad_output, Tensor input, int[2] kernel_size, int[2] stride, int[2] padding, "
+      "bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor");
+  // output_size entries >= 0; grad_output's last two sizes give the backward's output size.
+  m.def("adaptive_avg_pool2d(Tensor input, int[2] output_size) -> Tensor");
+  m.def("adaptive_avg_pool2d_backward(Tensor grad_output, Tensor input) -> Tensor");
 }

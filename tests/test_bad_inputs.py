@@ -345,6 +345,57 @@ CASES = [
     ("TF.batch_norm_add_relu(img.cuda(), img, None, None, training=True)", "RuntimeError", ["`residual`", "device"]),
     ("TF.softmax(cx, dim=2)", "IndexError", ["`dim`"]),
     ("TF.cross_entropy(cx.to(torch.int32), ct)", "TypeError", ["`self`"]),
+    # --- pooling (the CUDA rows skip without a GPU)
+    ("TF.max_pool2d(None, 2)", "TypeError", ["`input`", "NoneType"]),
+    ("TF.max_pool2d(img, 0)", "ValueError", ["`kernel_size`", "at least 1"]),
+    ("TF.max_pool2d(img, 3, stride=0)", "ValueError", ["`stride`", "at least 1"]),
+    ("TF.max_pool2d(img, 3, padding=2)", "ValueError", ["`padding`", "half of `kernel_size`"]),
+    ("TF.max_pool2d(img, 3, padding=-1)", "ValueError", ["`padding`", "non-negative"]),
+    ("TF.max_pool2d(img, 3, dilation=0)", "ValueError", ["`dilation`", "at least 1"]),
+    ("TF.max_pool2d(img, 3, dilation=3)", "ValueError", ["output would be empty", "5 x 7"]),
+    ("TF.max_pool2d(img, (2, 2, 2))", "TypeError", ["`kernel_size`", "pair"]),
+    ("TF.max_pool2d(img, 2, stride='a')", "TypeError", ["`stride`"]),
+    ("TF.max_pool2d(img[0, 0], 2)", "ValueError", ["`input`", "4-D", "3-D"]),
+    ("TF.max_pool2d(img[:, :0], 2)", "ValueError", ["`input`", "non-empty channels"]),
+    ("TF.max_pool2d(img[:, :, :0], 2)", "ValueError", ["`input`", "non-empty"]),
+    ("TF.max_pool2d(img.long(), 2)", "TypeError", ["`input`", "Long"]),
+    ("TF.avg_pool2d(img.to(torch.complex64), 2)", "TypeError", ["`input`", "ComplexFloat"]),
+    ("TF.avg_pool2d(img, 2, divisor_override=0)", "ValueError", ["`divisor_override`", "0"]),
+    ("TF.avg_pool2d(img, 2, divisor_override=1.5)", "TypeError", ["`divisor_override`"]),
+    ("TF.avg_pool2d(img, 3, 1, 2)", "ValueError", ["`padding`", "half"]),
+    ("TF.adaptive_avg_pool2d(img, -1)", "ValueError", ["`output_size`", "non-negative"]),
+    ("TF.adaptive_avg_pool2d(img, 'a')", "TypeError", ["`output_size`"]),
+    ("TF.adaptive_avg_pool2d(img, (1, 2, 3))", "TypeError", ["`output_size`"]),
+    ("TF.adaptive_avg_pool2d(img[:, :, :, :0], 1)", "ValueError", ["`input`", "height and width"]),
+    (
+        "raw.max_pool2d_backward(torch.randn(2, 4, 3, 3), img, [2, 2], [2, 2], [0, 0], [1, 1], False, "
+        "torch.zeros(2, 4, 2, 3, dtype=torch.long))",
+        "ValueError",
+        ["`grad_output`", "shape", "[2, 4, 2, 3]"],
+    ),
+    (
+        "raw.max_pool2d_backward(torch.randn(2, 4, 2, 3), img, [2, 2], [2, 2], [0, 0], [1, 1], False, "
+        "torch.zeros(2, 4, 2, 3, dtype=torch.int32))",
+        "TypeError",
+        ["`indices`", "int64"],
+    ),
+    (
+        "raw.avg_pool2d_backward(torch.randn(2, 4, 2, 3).double(), img, [2, 2], [2, 2], [0, 0], False, True, None)",
+        "TypeError",
+        ["`grad_output`", "dtype"],
+    ),
+    ("raw.adaptive_avg_pool2d_backward(torch.randn(2, 3, 1, 1), img)", "ValueError", ["`grad_output`", "N and C"]),
+    (
+        "raw.max_pool2d_backward(torch.randn(2, 4, 2, 3, device='cuda'), img.cuda(), [2, 2], [2, 2], [0, 0], "
+        "[1, 1], False, torch.zeros(2, 4, 2, 3, dtype=torch.long))",
+        "RuntimeError",
+        ["`indices`", "device"],
+    ),
+    (
+        "raw.adaptive_avg_pool2d_backward(torch.randn(2, 4, 1, 1), img.cuda())",
+        "RuntimeError",
+        ["`grad_output`", "device"],
+    ),
 ]
 
 _CUDA_NAMES = ("cx", "cy", "ct", "cw5", "cuda")

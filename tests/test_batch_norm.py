@@ -476,7 +476,7 @@ def test_swap_modules_swaps_batch_norm():
     stock = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.BatchNorm1d(4)).double()
     kept = torchext.swap_modules(stock, inplace=False, batch_norm=False)
     assert ("1", "nn.BatchNorm2d", "batch_norm=False") in kept.left_stock
-    report = torchext.swap_modules(stock, inplace=False)
+    report = torchext.swap_modules(stock, inplace=False, fuse=False)  # BN + ReLU fusion: tests/test_fusion.py
     model = report.model
     assert type(model[1]) is tnn.BatchNorm2d and ("1", "nn.BatchNorm2d", "torchext.nn.BatchNorm2d") in report.replaced
     assert model[1].running_mean is not stock[1].running_mean  # a copy: inplace=False

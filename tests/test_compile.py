@@ -200,6 +200,32 @@ def norm_group(lib):
             make_tensor(SHAPE, dtype, device), make_tensor(SHAPE, dtype, device, "channels_last"),
             make_tensor(SHAPE, dtype, device, "channels_last"), make_tensor((3,), dtype, device, low=0.5, high=2.0),
             make_tensor((3,), dtype, device),
+def pooling_group(lib):
+    """max_pool2d (indices too), avg_pool2d and adaptive_avg_pool2d on contiguous, channels-last and unbatched
+    inputs, with ceil_mode, padding, divisor_override and None in output_size."""
+    f = tf if lib == "torchext" else F
+
+    def run(x, x_cl, x3):
+        out, indices = f.max_pool2d(x_cl, 3, 2, 1, return_indices=True)
+        return (
+            f.max_pool2d(x, 2, ceil_mode=True),
+            out,
+            indices.to(out.dtype),
+            f.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+            f.avg_pool2d(x_cl, 2, divisor_override=3),
+            f.adaptive_avg_pool2d(x_cl, 1),
+            f.adaptive_avg_pool2d(x, (3, None)),
+            f.max_pool2d(x3, (2, 3), 1, 1, dilation=(1, 2)),
+        )
+
+    names = ["max_pool2d ceil", "max_pool2d channels_last", "max_pool2d indices", "avg_pool2d exclude pad",
+             "avg_pool2d divisor channels_last", "global avg channels_last", "adaptive (3, None)",
+             "max_pool2d unbatched dilation"]  # fmt: skip
+
+    def inputs(device, dtype):
+        return [
+            make_tensor((2, 3, 5, 7), dtype, device), make_tensor((2, 3, 5, 7), dtype, device, "channels_last"),
+            make_tensor((3, 5, 7), dtype, device),
         ]  # fmt: skip
 
     return run, names, inputs
@@ -212,6 +238,8 @@ GROUPS = {
     "conv": conv_group,
     "norm": norm_group,
 }
+GROUPS = {"unary": unary_group, "losses": losses_group, "products": products_group, "conv": conv_group,
+          "pooling": pooling_group}  # fmt: skip
 
 
 def forward_backward(fn, inputs, grad_weights=None):
@@ -439,3 +467,29 @@ def test_batch_norm_modules_compile_running_buffers(device):
             torch.testing.assert_close(c, s, **TOL[device], msg=lambda m, n=n, w=what: f"[{w}: {n}.grad] {m}")
         for (n, c), s in zip(ours.state_dict().items(), stock.state_dict().values(), strict=True):
             torch.testing.assert_close(c, s, **TOL[device], msg=lambda m, n=n, w=what: f"[{w}: {n}] {m}")
+@pytest.mark.parametrize("device", device_params())
+def test_swapped_pooling_model_compiles_fullgraph(device):
+    """A channels-last CNN with MaxPool2d, AvgPool2d and a global AdaptiveAvgPool2d head, swapped to torchext and
+    compiled with fullgraph: loss and every parameter's gradient equal the stock model's, eager."""
+    torch._dynamo.reset()
+
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.MaxPool2d(3, 2, 1), nn.Conv2d(8, 8, 3, padding=1),
+            nn.AvgPool2d(2, ceil_mode=True), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5),
+        ).to(device).to(memory_format=torch.channels_last)  # fmt: skip
+
+    stock, ours = make(), make()
+    report = torchext.swap_modules(ours)
+    for cls in (tnn.MaxPool2d, tnn.AvgPool2d, tnn.AdaptiveAvgPool2d):
+        assert any(type(m) is cls for m in ours.modules()), f"[swap report] {cls.__name__} missing:\n{report}"
+    x = make_tensor((4, 3, 9, 11), torch.float32, device, "channels_last")
+    compiled = torch.compile(ours, backend="inductor", fullgraph=True)
+    loss_c = compiled(x).square().mean()
+    grads_c = torch.autograd.grad(loss_c, list(ours.parameters()))
+    loss_s = stock(x).square().mean()
+    grads_s = torch.autograd.grad(loss_s, list(stock.parameters()))
+    torch.testing.assert_close(loss_c, loss_s, **TOL[device], msg=lambda m: f"[loss: compiled torchext vs stock] {m}")
+    for (n, _), c, s in zip(stock.named_parameters(), grads_c, grads_s, strict=True):
+        torch.testing.assert_close(c, s, **TOL[device], msg=lambda m, n=n: f"[{n}.grad: compiled ours vs stock] {m}")

@@ -96,6 +96,20 @@ OPS = {
         (8, 3, 5, 7),
         lambda x: (torch.randn_like(x), torch.rand(3, device=x.device) + 0.5, torch.randn(3, device=x.device)),
     ),
+    # pooling: NCHW and channels-last (the vectorized path), overlapping windows in the backward
+    "max_pool2d": (lambda x: TF.max_pool2d(x, 3, 2, 1), (4, 16, 17, 19), lambda x: ()),
+    "max_pool2d_channels_last": (
+        lambda x: TF.max_pool2d(x.contiguous(memory_format=torch.channels_last), 3, 2, 1, ceil_mode=True),
+        (4, 16, 17, 19),
+        lambda x: (),
+    ),
+    "avg_pool2d": (lambda x: TF.avg_pool2d(x, 3, 2, 1, count_include_pad=False), (4, 16, 17, 19), lambda x: ()),
+    "global_avg_pool_channels_last": (
+        lambda x: TF.adaptive_avg_pool2d(x.contiguous(memory_format=torch.channels_last), 1),
+        (8, 64, 7, 7),
+        lambda x: (),
+    ),
+    "adaptive_avg_pool2d": (lambda x: TF.adaptive_avg_pool2d(x, (5, 3)), (4, 16, 17, 19), lambda x: ()),
 }
 
 

@@ -720,3 +720,78 @@ def test_softmax_zero_dim_accepts_dim_0_and_minus_1(name, dim):
     x = torch.tensor(0.3, dtype=torch.float64)
     out = getattr(TF, name)(x, dim=dim)
     assert torch.equal(out, getattr(F, name)(x, dim=dim)), f"[{name} 0-dim dim={dim}] differs from torch"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pooling: max_pool2d, avg_pool2d, adaptive_avg_pool2d
+
+
+@st.composite
+def _pool_input(draw, device, dtype, kernel, stride, padding, dilation, extremes, huge=True):
+    """A batched (N 0..3) or unbatched input, C 1..3, each side at least the padded window's span (output >= 1,
+    as torch requires: tests/test_bad_inputs.py covers the errors), a drawn layout."""
+    span = [dilation[i] * (kernel[i] - 1) + 1 for i in range(2)]
+    size = [max(1, span[i] - 2 * padding[i]) + draw(st.integers(0, 5), label="extra") for i in range(2)]
+    lead = (draw(st.integers(1, 3), label="C"),)
+    if draw(st.booleans(), label="batched"):
+        lead = (draw(st.integers(0, 3), label="N"), *lead)
+    return draw(values((*lead, *size), dtype, device, extremes=extremes, huge=huge), label="input")
+
+
+def _pool_window(draw, with_dilation):
+    kernel = [draw(st.integers(1, 4), label=f"kernel {d}") for d in "hw"]
+    stride = [draw(st.integers(1, 3), label=f"stride {d}") for d in "hw"]
+    padding = [draw(st.integers(0, k // 2), label="padding") for k in kernel]
+    dilation = [draw(st.integers(1, 2), label=f"dilation {d}") for d in "hw"] if with_dilation else [1, 1]
+    stride = draw(st.sampled_from([stride, None]), label="stride or None")
+    return kernel, stride, padding, dilation
+
+
+@pytest.mark.parametrize("device", device_params())
+@PROFILE
+@given(data=st.data())
+def test_max_pool2d_matches_torch(device, data):
+    """Random windows (stride None = kernel, dilation, padding up to half the kernel, ceil_mode) over inputs with
+    inf and NaN mixed in: output, indices (exactly) and the gradient equal torch's."""
+    dtype = data.draw(_dtypes(device), label="dtype")
+    kernel, stride, padding, dilation = _pool_window(data.draw, with_dilation=True)
+    ceil_mode = data.draw(st.booleans(), label="ceil_mode")
+    x = data.draw(_pool_input(device, dtype, kernel, stride or kernel, padding, dilation, extremes=True))
+    opts = dict(kernel_size=kernel, stride=stride, padding=padding, dilation=dilation, ceil_mode=ceil_mode)
+    what = f"max_pool2d input {tuple(x.shape)} {opts} {dtype}"
+    check_op(what, TF.max_pool2d, F.max_pool2d, (x,), opts, grad_args=(0,))
+    # Indices against torch's CPU kernel, whose rule every torchext kernel follows. Documented difference: torch's
+    # channels-last CUDA kernel gives index 0 to a window holding only -inf (its others, the window's first position).
+    out, indices = TF.max_pool2d(x, **opts, return_indices=True)
+    theirs, their_indices = F.max_pool2d(x.detach().cpu(), **opts, return_indices=True)
+    assert torch.equal(indices.cpu(), their_indices), f"[{what}] indices differ from torch's"
+    assert torch.equal(out.isnan().cpu(), theirs.isnan()), f"[{what}] NaN positions differ from torch's"
+
+
+@pytest.mark.parametrize("device", device_params())
+@PROFILE
+@given(data=st.data())
+def test_avg_pool2d_matches_torch(device, data):
+    """Random windows, ceil_mode, count_include_pad and divisor_override (negative ones too), inf and NaN."""
+    dtype = data.draw(_dtypes(device), label="dtype")
+    kernel, stride, padding, _ = _pool_window(data.draw, with_dilation=False)
+    opts = dict(
+        kernel_size=kernel, stride=stride, padding=padding, ceil_mode=data.draw(st.booleans(), label="ceil_mode"),
+        count_include_pad=data.draw(st.booleans(), label="count_include_pad"),
+        divisor_override=data.draw(st.sampled_from([None, None, 1, 3, -2]), label="divisor_override"),
+    )  # fmt: skip
+    x = data.draw(_pool_input(device, dtype, kernel, stride or kernel, padding, [1, 1], extremes=True, huge=False))
+    check_op(f"avg_pool2d input {tuple(x.shape)} {opts} {dtype}", TF.avg_pool2d, F.avg_pool2d, (x,), opts,
+             grad_args=(0,))  # fmt: skip
+
+
+@pytest.mark.parametrize("device", device_params())
+@PROFILE
+@given(data=st.data())
+def test_adaptive_avg_pool2d_matches_torch(device, data):
+    """Output sizes below, equal to and above the input's (overlapping windows), None entries, the global pool."""
+    dtype = data.draw(_dtypes(device), label="dtype")
+    x = data.draw(_pool_input(device, dtype, [1, 1], [1, 1], [0, 0], [1, 1], extremes=True, huge=False))
+    size = data.draw(st.sampled_from([1, (1, 1), 2, (3, None), (None, 2), (5, 4), (7, 9)]), label="output_size")
+    check_op(f"adaptive_avg_pool2d input {tuple(x.shape)} {size} {dtype}", TF.adaptive_avg_pool2d,
+             F.adaptive_avg_pool2d, (x,), {"output_size": size}, grad_args=(0,))  # fmt: skip

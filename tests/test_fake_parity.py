@@ -302,6 +302,57 @@ def _batch_norm_backward(device, dtype):
             args = (g, x, w, save_mean, save_invstd, mask, training, 1e-5, output_mask, None)
             yield f"{case}, grad_out {g_layout}, mask {output_mask}", args, {}
         yield f"{case}, no relu", (g, x, w, save_mean, save_invstd, None, training, 1e-5, masks[0], None), {}
+def _pool_inputs(device, dtype, allow_empty_c=False):
+    """(case, input): every 4-D layout (C = 0 only where the op allows it), unbatched inputs and an empty batch."""
+    for case, layout, shape in LAYOUTS_4D:
+        if len(shape) == 4 and (shape[1] > 0 or allow_empty_c):
+            yield f"input {case}", make_tensor(shape, dtype, device, layout)
+    yield "unbatched", make_tensor((3, 4, 5), dtype, device)
+    yield "unbatched transposed", make_tensor((3, 4, 5), dtype, device, "transposed")
+    yield "empty batch channels_last", make_tensor((0, 3, 4, 5), dtype, device, "channels_last")
+
+
+_MAX_POOL2D_OPTIONS = (([3, 3], [2, 2], [1, 1], [1, 1], True), ([2, 1], [], [0, 0], [1, 2], False))
+_AVG_POOL2D_OPTIONS = (([3, 3], [2, 2], [1, 1], True, False, None), ([2, 1], [], [0, 0], False, True, 3))
+
+
+def _max_pool2d(device, dtype):
+    for case, x in _pool_inputs(device, dtype):
+        for i, options in enumerate(_MAX_POOL2D_OPTIONS):
+            yield f"{case}, options {i}", (x, *options), {}
+
+
+def _max_pool2d_backward(device, dtype):
+    for case, (x, *options), _ in _max_pool2d(device, dtype):
+        out, indices = ops.max_pool2d.default(x, *options)
+        for g_layout in ("contiguous", "channels_last") if out.dim() == 4 else ("contiguous",):
+            g = make_tensor(out.shape, dtype, device, g_layout)
+            yield f"{case}, grad_output {g_layout}", (g, x, *options, indices), {}
+
+
+def _avg_pool2d(device, dtype):
+    for case, x in _pool_inputs(device, dtype):
+        for i, options in enumerate(_AVG_POOL2D_OPTIONS):
+            yield f"{case}, options {i}", (x, *options), {}
+
+
+def _avg_pool2d_backward(device, dtype):
+    for case, (x, *options), _ in _avg_pool2d(device, dtype):
+        out = ops.avg_pool2d.default(x, *options)
+        for g_layout in ("contiguous", "channels_last") if out.dim() == 4 else ("contiguous",):
+            yield f"{case}, grad_output {g_layout}", (make_tensor(out.shape, dtype, device, g_layout), x, *options), {}
+
+
+def _adaptive_avg_pool2d(device, dtype):
+    for case, x in _pool_inputs(device, dtype, allow_empty_c=True):
+        for size in ([1, 1], [3, 7]):
+            yield f"{case}, output_size {size}", (x, size), {}
+
+
+def _adaptive_avg_pool2d_backward(device, dtype):
+    for case, (x, size), _ in _adaptive_avg_pool2d(device, dtype):
+        g_layout = "channels_last" if x.dim() == 4 and size == [3, 7] else "contiguous"
+        yield f"{case}, grad_output {g_layout}", (make_tensor((*x.shape[:-2], *size), dtype, device, g_layout), x), {}
 
 
 SAMPLES = {
@@ -326,6 +377,12 @@ SAMPLES = {
     "batch_norm_relu": _batch_norm(relu=True, residual=False),
     "batch_norm_add_relu": _batch_norm(relu=True, residual=True),
     "batch_norm_backward": _batch_norm_backward,
+    "max_pool2d": _max_pool2d,
+    "max_pool2d_backward": _max_pool2d_backward,
+    "avg_pool2d": _avg_pool2d,
+    "avg_pool2d_backward": _avg_pool2d_backward,
+    "adaptive_avg_pool2d": _adaptive_avg_pool2d,
+    "adaptive_avg_pool2d_backward": _adaptive_avg_pool2d_backward,
 }
 
 

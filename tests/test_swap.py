@@ -69,9 +69,11 @@ def test_resnet18_cifar_report():
     model = models.resnet18_cifar()
     report = swap_modules(model)
     c = report.counts
-    assert c["replaced_by_class"] == {"nn.ReLU": 17, "nn.Linear": 1, "nn.Conv2d": 20, "nn.BatchNorm2d": 20}, c
+    expected = {"nn.ReLU": 17, "nn.Linear": 1, "nn.Conv2d": 20, "nn.BatchNorm2d": 20, "nn.AdaptiveAvgPool2d": 1}
+    assert c["replaced_by_class"] == expected, c
     assert c["fused"] == 0, "[the fc layer is not followed by an activation]"
-    assert c["left_stock_by_class"] == {"nn.AdaptiveAvgPool2d": 1}, c
+    assert c["graph_fused"] == 17, "[the stem's and each block's BN+ReLU, each block's BN+add+ReLU]"
+    assert c["left_stock_by_class"] == {}, c
     assert all(s.reason == NO_KERNEL for s in report.left_stock)
     assert not any(type(m) in (nn.ReLU, nn.Linear, nn.Conv2d) for m in model.modules()), "a stock layer is left"
     assert ("layer2.0.relu2", "nn.ReLU", "torchext.nn.ReLU") in report.replaced
@@ -85,8 +87,9 @@ def test_cnn_cifar_report():
     report = swap_modules(model)
     c = report.counts
     assert [tuple(f) for f in report.fused] == [("fc1", "relu5", "relu")]
-    assert c["replaced_by_class"] == {"nn.ReLU": 5, "nn.Linear": 2, "nn.Conv2d": 4, "nn.BatchNorm2d": 2}, c
-    assert c["left_stock_by_class"] == {"nn.MaxPool2d": 2, "nn.Dropout": 3, "nn.BatchNorm1d": 1}, c
+    expected = {"nn.ReLU": 5, "nn.Linear": 2, "nn.Conv2d": 4, "nn.BatchNorm2d": 2, "nn.MaxPool2d": 2}
+    assert c["replaced_by_class"] == expected, c
+    assert c["left_stock_by_class"] == {"nn.Dropout": 3, "nn.BatchNorm1d": 1}, c
     assert all(type(getattr(model, f"conv{i}")) is tnn.Conv2d for i in range(1, 5))
     assert type(model.relu5) is nn.Identity and model.fc1.activation == "relu"
     assert type(model.fc2) is tnn.Linear and model.fc2.activation == "none"
@@ -507,17 +510,17 @@ def test_report_text_and_dict():
     report = swap_modules(models.cnn_cifar())
     text = str(report)
     lines = text.splitlines()
-    assert lines[0].startswith("swap_modules: 13 replaced, 1 Linear+activation pair(s) fused, 6 left stock")
+    assert lines[0].startswith("swap_modules: 15 replaced, 1 Linear+activation pair(s) fused, 4 left stock")
     assert any(line.split() == ["fc1", "nn.Linear", "torchext.nn.Linear(activation='relu')"] for line in lines)
     assert any(line.split() == ["relu5", "nn.ReLU", "nn.Identity"] for line in lines)
     assert any(line.split() == ["conv1", "nn.Conv2d", "torchext.nn.Conv2d"] for line in lines)
     assert any(line.split() == ["bn1", "nn.BatchNorm2d", "torchext.nn.BatchNorm2d"] for line in lines)
     assert any(line.split()[:2] == ["bn3", "nn.BatchNorm1d"] and NO_KERNEL in line for line in lines)
     d = json.loads(json.dumps(report.as_dict()))
-    assert d["counts"]["replaced"] == 13 and d["counts"]["left_stock"] == 6
+    assert d["counts"]["replaced"] == 15 and d["counts"]["left_stock"] == 4
     assert d["fused"] == [{"linear": "fc1", "activation": "relu5", "epilogue": "relu"}]
     assert d["replaced"][0] == {"name": "conv1", "old": "nn.Conv2d", "new": "torchext.nn.Conv2d"}
-    assert "replaced=13" in repr(report)
+    assert "replaced=15" in repr(report)
 
 
 def test_root_module_and_bad_arguments():
@@ -531,3 +534,36 @@ def test_root_module_and_bad_arguments():
     with pytest.raises(ValueError, match="torch.compile"):
         swap_modules(torch.compile(models.mlp()))
     assert torchext.swap_modules is swap_modules
+
+
+# --- pooling -----------------------------------------------------------------------------------------------------
+
+
+class MyMaxPool(nn.MaxPool2d):
+    pass
+
+
+def test_pooling_swapped_or_left_stock_with_a_reason():
+    """MaxPool2d, AvgPool2d and AdaptiveAvgPool2d are swapped (outputs unchanged); one with arguments torchext
+    refuses (padding over half the kernel: torch raises at its forward too), a subclass, and pooling=False stay
+    stock with their reason."""
+    model = nn.Sequential(
+        nn.MaxPool2d(3, 2, 1), nn.AvgPool2d(2, ceil_mode=True, count_include_pad=False),
+        nn.AdaptiveAvgPool2d((2, None)), nn.AvgPool2d(3, 1, 2), MyMaxPool(2), nn.AvgPool2d(2, divisor_override=0),
+    ).to(F64)  # fmt: skip
+    stock = copy.deepcopy(model)
+    report = swap_modules(model)
+    assert [type(m) for m in model[:3]] == [tnn.MaxPool2d, tnn.AvgPool2d, tnn.AdaptiveAvgPool2d], report
+    assert [(r.name, r.old) for r in report.replaced] == [("0", "nn.MaxPool2d"), ("1", "nn.AvgPool2d"),
+                                                         ("2", "nn.AdaptiveAvgPool2d")]  # fmt: skip
+    reasons = {s.name: s.reason for s in report.left_stock}
+    assert "padding" in reasons["3"] and "subclass of nn.MaxPool2d" in reasons["4"], reasons
+    assert "divisor_override" in reasons["5"], reasons
+    x = torch.randn(2, 3, 9, 11, dtype=F64)
+    torch.testing.assert_close(model[:3](x), stock[:3](x), msg="[swapped pools: output]")
+    kept = swap_modules(nn.Sequential(nn.MaxPool2d(2)), pooling=False)
+    assert [s.reason for s in kept.left_stock] == ["pooling=False"], kept
+    again = swap_modules(model)
+    assert [a.cls for a in again.already_torchext] == [
+        "torchext.nn.MaxPool2d", "torchext.nn.AvgPool2d", "torchext.nn.AdaptiveAvgPool2d"
+    ], again  # fmt: skip

@@ -40,6 +40,9 @@ __all__ = [
     "batch_norm",
     "batch_norm_relu",
     "batch_norm_add_relu",
+    "max_pool2d",
+    "avg_pool2d",
+    "adaptive_avg_pool2d",
 ]
 
 
@@ -296,3 +299,38 @@ def batch_norm_add_relu(
         F_torch._verify_batch_size(input.size())
     return ops.batch_norm_add_relu(input, residual, weight, bias, running_mean, running_var, training, momentum, eps,
                                    sum, sum_sq, kernel)  # fmt: skip
+# --- pooling (torchext/ops/pooling.py) -------------------------------------------------------------------------
+
+
+def max_pool2d(
+    input: Tensor,
+    kernel_size,
+    stride=None,
+    padding=0,
+    dilation=1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+):
+    """torch.nn.functional.max_pool2d: the output, or (output, indices) with ``return_indices`` (int64 positions
+    ih * W + iw within each (H, W) plane, as torch's, usable by F.max_unpool2d)."""
+    out, indices = ops.max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode)
+    return (out, indices) if return_indices else out
+
+
+def avg_pool2d(
+    input: Tensor,
+    kernel_size,
+    stride=None,
+    padding=0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Tensor:
+    """torch.nn.functional.avg_pool2d."""
+    return ops.avg_pool2d(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
+    """torch.nn.functional.adaptive_avg_pool2d: output_size an int or a pair whose None entries keep the input's
+    size."""
+    return ops.adaptive_avg_pool2d(input, output_size)

@@ -35,6 +35,9 @@ __all__ = [
     "BatchNormReLU2d",
     "BatchNormAddReLU2d",
     "Conv2dBatchNormReLU",
+    "MaxPool2d",
+    "AvgPool2d",
+    "AdaptiveAvgPool2d",
 ]
 
 
@@ -374,3 +377,48 @@ def _conv2d_input_and_padding(conv: nn.Conv2d, input: Tensor) -> tuple:
     if conv.padding == "same":
         return _conv2d_same_padding(input, conv.weight, conv.stride, conv.dilation)
     return input, conv.padding
+# --- pooling: no parameters, so from_torch builds the same module with torchext's forward -----------------------
+
+
+def _same_pool(cls: type, module: nn.Module, **kwargs) -> nn.Module:
+    return cls(**kwargs).train(module.training)
+
+
+class MaxPool2d(nn.MaxPool2d):
+    """torch.nn.MaxPool2d computed by torchext's max_pool2d (``return_indices`` gives torch's int64 indices)."""
+
+    def forward(self, input: Tensor):
+        return F.max_pool2d(input, self.kernel_size, self.stride, self.padding, self.dilation,
+                            ceil_mode=self.ceil_mode, return_indices=self.return_indices)  # fmt: skip
+
+    @classmethod
+    def from_torch(cls, pool: nn.MaxPool2d) -> "MaxPool2d":
+        return _same_pool(cls, pool, kernel_size=pool.kernel_size, stride=pool.stride, padding=pool.padding,
+                          dilation=pool.dilation, return_indices=pool.return_indices,
+                          ceil_mode=pool.ceil_mode)  # fmt: skip
+
+
+class AvgPool2d(nn.AvgPool2d):
+    """torch.nn.AvgPool2d computed by torchext's avg_pool2d."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.avg_pool2d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad,
+                            self.divisor_override)  # fmt: skip
+
+    @classmethod
+    def from_torch(cls, pool: nn.AvgPool2d) -> "AvgPool2d":
+        return _same_pool(cls, pool, kernel_size=pool.kernel_size, stride=pool.stride, padding=pool.padding,
+                          ceil_mode=pool.ceil_mode, count_include_pad=pool.count_include_pad,
+                          divisor_override=pool.divisor_override)  # fmt: skip
+
+
+class AdaptiveAvgPool2d(nn.AdaptiveAvgPool2d):
+    """torch.nn.AdaptiveAvgPool2d computed by torchext's adaptive_avg_pool2d (output 1 x 1: the global pool's fast
+    path on channels-last CUDA tensors)."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.adaptive_avg_pool2d(input, self.output_size)
+
+    @classmethod
+    def from_torch(cls, pool: nn.AdaptiveAvgPool2d) -> "AdaptiveAvgPool2d":
+        return _same_pool(cls, pool, output_size=pool.output_size)

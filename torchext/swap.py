@@ -20,13 +20,17 @@ Only exact classes are swapped: a user subclass of ``nn.ReLU`` (or ``nn.Linear``
 was fused, what was left stock and why, and what was torchext's already; swapping a swapped model is a no-op.
 A Conv2d is not fused with a following ReLU here (``torchext.nn.Conv2d(activation='relu')`` does that by hand).
 
+With ``pooling=True`` (the default) every ``nn.MaxPool2d``, ``nn.AvgPool2d`` and ``nn.AdaptiveAvgPool2d`` is
+swapped too; one whose arguments torchext's kernels refuse (padding over half the kernel, a zero stride or
+divisor_override: torch raises at its forward as well) is left stock, with the reason in the report.
+
 Losses are not modules of a model: choose ``torchext.nn.CrossEntropyLoss`` (label smoothing supported) where the
 training loop builds its loss.
 """
 
 import copy
 from collections import Counter
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 from torch import nn
 
@@ -46,6 +50,11 @@ _ACTIVATIONS: dict[type, type] = {
     nn.Softmax: tnn.Softmax,
     nn.LogSoftmax: tnn.LogSoftmax,
 }
+_POOLS: dict[type, type] = {
+    nn.MaxPool2d: tnn.MaxPool2d,
+    nn.AvgPool2d: tnn.AvgPool2d,
+    nn.AdaptiveAvgPool2d: tnn.AdaptiveAvgPool2d,
+}
 _TORCHEXT_CLASSES: tuple[type, ...] = tuple(getattr(tnn, name) for name in tnn.__all__)
 
 # Losses have torchext versions, but a model does not normally hold its loss: the training loop picks it.
@@ -63,7 +72,7 @@ _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn
 NO_KERNEL = "no torchext kernel"
 
 
-def _fused_activation(module: nn.Module) -> Optional[str]:
+def _fused_activation(module: nn.Module) -> str | None:
     """The epilogue name (torchext.ops.matmul.ACTIVATIONS) a Linear can fuse for this activation module, or None
     if it cannot: only the exact stock or torchext classes of ReLU, GELU (both approximations) and SiLU."""
     cls = type(module)
@@ -83,6 +92,33 @@ def class_name(cls: type) -> str:
     if getattr(tnn, cls.__name__, None) is cls:
         return f"torchext.nn.{cls.__name__}"
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _pool_not_supported(module: nn.Module) -> str | None:
+    """Why torchext's pooling kernels would refuse this pooling module's arguments (csrc/pooling.h's checks), or None
+    if they take them."""
+
+    def pair(value):
+        values = list(value) if isinstance(value, (tuple, list)) else [value]
+        return values * (2 // len(values)) if len(values) in (1, 2) else None
+
+    if isinstance(module, nn.AdaptiveAvgPool2d):
+        sizes = pair(module.output_size)
+        if sizes is None or not all(v is None or (isinstance(v, int) and v >= 0) for v in sizes):
+            return f"output_size {module.output_size!r}: torchext takes ints >= 0 or None"
+        return None
+    kernel, padding = pair(module.kernel_size), pair(module.padding)
+    stride = pair(module.stride if module.stride not in (None, (), []) else module.kernel_size)
+    dilation = pair(getattr(module, "dilation", 1))
+    if any(v is None or not all(isinstance(x, int) for x in v) for v in (kernel, stride, padding, dilation)):
+        return "kernel_size, stride, padding and dilation must be ints or pairs of ints"
+    if min(kernel) < 1 or min(stride) < 1 or min(dilation) < 1:
+        return "kernel_size, stride and dilation must be at least 1"
+    if any(not 0 <= p <= k // 2 for p, k in zip(padding, kernel, strict=True)):
+        return f"padding {module.padding!r} is not in [0, kernel_size / 2] for kernel_size {module.kernel_size!r}"
+    if getattr(module, "divisor_override", None) == 0:
+        return "divisor_override 0"
+    return None
 
 
 class Replaced(NamedTuple):
@@ -131,6 +167,12 @@ class SwapReport:
         self.not_fused: list[NotFused] = []
         self.left_stock: list[LeftStock] = []
         self.already_torchext: list[AlreadyTorchext] = []
+        # The torch.fx fusions (torchext/fusion.py): what became one fused BatchNorm, what was left and why, how the
+        # model was handled (traced, or not traceable), and each fused BatchNorm's (old, new) class by name.
+        self.graph_fused: list = []
+        self.graph_not_fused: list = []
+        self.graph_note: str | None = None
+        self.fused_bn: dict = {}
 
     @property
     def counts(self) -> dict[str, object]:
@@ -142,6 +184,7 @@ class SwapReport:
             "not_fused": len(self.not_fused),
             "left_stock": len(self.left_stock),
             "already_torchext": len(self.already_torchext),
+            "graph_fused": len(self.graph_fused),
             "replaced_by_class": dict(Counter(r.old for r in self.replaced)),
             "left_stock_by_class": dict(Counter(s.cls for s in self.left_stock)),
         }
@@ -155,6 +198,9 @@ class SwapReport:
             "not_fused": [n._asdict() for n in self.not_fused],
             "left_stock": [s._asdict() for s in self.left_stock],
             "already_torchext": [a._asdict() for a in self.already_torchext],
+            "graph_fused": [f._asdict() for f in self.graph_fused],
+            "graph_not_fused": [n._asdict() for n in self.graph_not_fused],
+            "graph_note": self.graph_note,
         }
 
     def __repr__(self) -> str:
@@ -169,13 +215,18 @@ class SwapReport:
         lines = [
             f"swap_modules: {c['replaced']} replaced, {c['fused']} Linear+activation pair(s) fused, "
             f"{c['left_stock']} left stock, {c['already_torchext']} already torchext"
+            + (f", {c['graph_fused']} BatchNorm fusion(s)" if c["graph_fused"] else "")
         ]
+        if self.graph_note:
+            lines.append(f"graph fusions: {self.graph_note}")
         sections = [
             ("replaced", ("module", "old class", "new class"), self.replaced),
             ("fused", ("linear", "activation", "epilogue"), self.fused),
             ("not fused", ("linear", "activation", "reason"), self.not_fused),
             ("left stock", ("module", "class", "reason"), self.left_stock),
             ("already torchext", ("module", "class"), self.already_torchext),
+            ("fused by torch.fx", ("pattern", "modules", "now"), self.graph_fused),
+            ("not fused by torch.fx", ("pattern", "modules", "reason"), self.graph_not_fused),
         ]
         for title, header, rows in sections:
             if rows:
@@ -221,12 +272,16 @@ def swap_modules(
     fuse: bool = True,
     conv: bool = True,
     batch_norm: bool = True,
+    pooling: bool = True,
 ) -> SwapReport:
     """Swap ``model``'s ``nn.Linear`` (``linear=True``), ``nn.Conv2d`` (``conv=True``), ``nn.BatchNorm2d``
-    (``batch_norm=True``; module by module, no fusion with a following ReLU here) and activation modules
-    (``activations=True``: ReLU, LeakyReLU, Sigmoid, Tanh, GELU, SiLU, Softmax, LogSoftmax) for torchext's, in place
-    (``inplace=True``) or in a deep copy, fusing Linear + ReLU/GELU/SiLU pairs of a Sequential with ``fuse=True``
-    (which needs both ``linear`` and ``activations``). Returns a ``SwapReport``; ``report.model`` is the swapped model.
+    (``batch_norm=True``), activation modules (``activations=True``: ReLU, LeakyReLU, Sigmoid, Tanh, GELU, SiLU,
+    Softmax, LogSoftmax) and pooling modules (``pooling=True``: MaxPool2d, AvgPool2d, AdaptiveAvgPool2d) for
+    torchext's, in place (``inplace=True``) or in a deep copy. With ``fuse=True``: Linear + ReLU/GELU/SiLU pairs of a
+    Sequential become one Linear (which needs both ``linear`` and ``activations``), and, with ``batch_norm`` and
+    ``activations``, BatchNorm + ReLU and BatchNorm + residual add + ReLU found by torch.fx become one fused
+    BatchNorm (torchext/fusion.py; ``report.model`` is then a ``torch.fx.GraphModule`` holding the same modules and
+    parameters). Returns a ``SwapReport``; ``report.model`` is the swapped model: use it.
 
     Swap before wrapping the model in ``torch.compile`` or DistributedDataParallel.
     """
@@ -277,11 +332,16 @@ def swap_modules(
                 report.replaced.append(Replaced(name, class_name(cls), class_name(_ACTIVATIONS[cls])))
             else:
                 report.left_stock.append(LeftStock(name, class_name(cls), "activations=False"))
+        elif cls in _POOLS:
+            reason = _pool_not_supported(module) if pooling else "pooling=False"
+            if reason is None:
+                module.__class__ = _POOLS[cls]
+                report.replaced.append(Replaced(name, class_name(cls), class_name(_POOLS[cls])))
+            else:
+                report.left_stock.append(LeftStock(name, class_name(cls), reason))
         else:
-            base = next(
-                (b for b in (nn.Linear, nn.Conv2d, nn.BatchNorm2d, *_ACTIVATIONS, *_LOSSES) if isinstance(module, b)),
-                None,
-            )
+            bases = (nn.Linear, nn.Conv2d, nn.BatchNorm2d, *_ACTIVATIONS, *_POOLS, *_LOSSES)
+            base = next((b for b in bases if isinstance(module, b)), None)
             if base is not None and base in _LOSSES and cls is base:
                 reason = f"a loss: build {class_name(_LOSSES[base])} in the training loop instead"
                 report.left_stock.append(LeftStock(name, class_name(cls), reason))
@@ -296,7 +356,7 @@ def swap_modules(
 
     def try_fuse(seq_name: str, seq: nn.Sequential) -> None:
         children = list(seq.named_children())
-        for (lin_key, lin), (act_key, act) in zip(children, children[1:]):
+        for (lin_key, lin), (act_key, act) in zip(children, children[1:], strict=False):
             epilogue = _fused_activation(act)
             if epilogue is None or type(lin) not in (nn.Linear, tnn.Linear):
                 continue
@@ -344,4 +404,11 @@ def swap_modules(
     order = {name: i for i, (name, _) in enumerate(model.named_modules(remove_duplicate=False))}
     for rows in (report.replaced, report.left_stock, report.already_torchext):
         rows.sort(key=lambda r: order.get(r[0], len(order)))
+    if fuse and batch_norm and activations:
+        from .fusion import fuse_batch_norm
+
+        report.model = fuse_batch_norm(model, report)
+        for i, r in enumerate(report.replaced):
+            if r.name in report.fused_bn:
+                report.replaced[i] = r._replace(new=class_name(report.fused_bn[r.name][1]))
     return report

@@ -7,6 +7,7 @@ from .conv2d import conv2d, conv2d_stats
 from .cross_entropy import check_targets, cross_entropy
 from .losses import binary_cross_entropy_with_logits, mse_loss, multi_margin_loss
 from .matmul import linear, matmul, matmul_kernel
+from .pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d
 from .softmax import log_softmax, softmax
 
 __all__ = [
@@ -31,4 +32,7 @@ __all__ = [
     "batch_norm",
     "batch_norm_relu",
     "batch_norm_add_relu",
+    "max_pool2d",
+    "avg_pool2d",
+    "adaptive_avg_pool2d",
 ]

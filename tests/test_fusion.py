@@ -1,0 +1,221 @@
+"""swap_modules' graph fusions (torchext/fusion.py): BatchNorm + ReLU and BatchNorm + residual add + ReLU found with
+torch.fx in torchvision's ResNets and torchext's resnet18_cifar, against the stock model in float64."""
+
+import copy
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchvision
+from conftest import device_params
+from torch import nn
+
+import torchext
+from torchext import nn as tnn
+
+
+def _models():
+    return {
+        "resnet18_cifar": (lambda: torchext.models.resnet18_cifar(), (3, 3, 16, 16), 1 + 8 * 2),
+        "torchvision_resnet18": (lambda: torchvision.models.resnet18(num_classes=10), (2, 3, 32, 32), 1 + 8 * 2),
+        "torchvision_resnet50": (lambda: torchvision.models.resnet50(num_classes=10), (4, 3, 64, 64), 1 + 16 * 3),
+    }
+
+
+def _randomize_bn(model):
+    """Non-trivial affine parameters and running statistics, so that a wrong formula shows."""
+    g = torch.Generator().manual_seed(0)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            with torch.no_grad():
+                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
+                m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.2)
+                m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g) * 0.1)
+                m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
+    return model
+
+
+def _close(actual, expected, rel, msg=""):
+    """Within rel of the expected tensor's largest magnitude: a deep net's gradients span many orders of magnitude
+    (the random BatchNorm statistics scale them up to ~1e6 here), and elementwise rtol would flag rounding noise on
+    the small entries. A wrong formula or a misrouted gradient is far off this bound."""
+    scale = expected.abs().max().item()
+    err = (actual - expected).abs().max().item()
+    assert err <= rel * max(scale, 1e-30), f"{msg}: max error {err:.3g} against max |expected| {scale:.3g}"
+
+
+def _pair(name, device="cpu"):
+    make, shape, fusions = _models()[name]
+    torch.manual_seed(0)
+    stock = _randomize_bn(make()).double().to(device)
+    report = torchext.swap_modules(copy.deepcopy(stock), inplace=True)
+    return stock, report, shape, fusions
+
+
+@pytest.mark.parametrize("name", list(_models()))
+def test_fusions_found_and_reported(name):
+    stock, report, _, fusions = _pair(name)
+    assert len(report.graph_fused) == fusions, str(report)
+    assert isinstance(report.model, torch.fx.GraphModule)
+    kinds = {f.pattern for f in report.graph_fused}
+    assert kinds == {"bn+relu", "bn+add+relu"}
+    fused_classes = {type(m) for m in report.model.modules() if isinstance(m, nn.BatchNorm2d)}
+    assert tnn.BatchNormReLU2d in fused_classes and tnn.BatchNormAddReLU2d in fused_classes
+    text = str(report)
+    assert "bn+add+relu" in text and "torch.fx" in text
+    assert report.as_dict()["graph_fused"][0]["pattern"] in ("bn+relu", "bn+add+relu")
+    # The fused graph calls no stock ReLU after a BatchNorm and no add.
+    code = report.model.code
+    assert " + " not in code, code
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("name", ["resnet18_cifar", "torchvision_resnet18", "torchvision_resnet50"])
+def test_fused_model_matches_stock_train_and_eval(name, device):
+    if device == "cuda" and name == "torchvision_resnet50":
+        pytest.skip("resnet50 in float64 on the GPU: covered by resnet18 there")
+    stock, report, shape, _ = _pair(name, device)
+    fused = report.model
+    if device == "cuda":
+        stock, fused = stock.float(), fused.float()
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    # float64: differences in BatchNorm backward's rounding grow through 17-49 layers (to ~3e-8 of the maximum in
+    # resnet50, fused or not); a wrong formula or a misrouted gradient is off by order 1.
+    rel = 1e-6 if dtype == torch.float64 else 2e-3
+    for step in range(3):
+        x = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        out_s, out_f = stock(x), fused(x2)
+        _close(out_f, out_s, rel, f"output, step {step}")
+        g = torch.randn_like(out_s)
+        out_s.backward(g)
+        out_f.backward(g)
+        _close(x2.grad, x.grad, rel, f"input gradient, step {step}")
+    stock_params = dict(stock.named_parameters())
+    for k, p in fused.named_parameters():
+        _close(p.grad, stock_params[k].grad, rel, k)
+    stock_buffers = dict(stock.named_buffers())
+    for k, b in fused.named_buffers():
+        _close(b.double(), stock_buffers[k].double(), rel, k)  # running statistics, num_batches_tracked
+    stock.eval()
+    fused.eval()
+    x = torch.randn(shape, device=device, dtype=dtype)
+    with torch.no_grad():
+        _close(fused(x), stock(x), rel, "eval output")
+
+
+def test_state_dict_round_trip_and_copies():
+    stock, report, shape, _ = _pair("torchvision_resnet18")
+    fused = report.model
+    assert list(fused.state_dict()) == list(stock.state_dict()) or set(fused.state_dict()) == set(stock.state_dict())
+    # Stock weights load into the fused model and back.
+    fresh = torchvision.models.resnet18(num_classes=10).double()
+    fused.load_state_dict(fresh.state_dict())
+    stock2 = torchvision.models.resnet18(num_classes=10).double()
+    stock2.load_state_dict(fused.state_dict())
+    fused.eval()
+    stock2.eval()
+    x = torch.randn(shape, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), stock2(x))
+        torch.testing.assert_close(copy.deepcopy(fused)(x), stock2(x))
+        torch.testing.assert_close(pickle.loads(pickle.dumps(fused))(x), stock2(x))
+
+
+def test_parameters_are_the_models_own():
+    """An optimizer built on the model before the swap still trains the swapped one (same Parameter objects)."""
+    model = torchext.models.resnet18_cifar().double()
+    before = {id(p) for p in model.parameters()}
+    report = torchext.swap_modules(model)
+    assert {id(p) for p in report.model.parameters()} == before
+
+
+def test_data_parallel_wrapping():
+    stock, report, shape, _ = _pair("resnet18_cifar")
+    wrapped = nn.DataParallel(report.model)  # no GPU: calls the module
+    x = torch.randn(shape, dtype=torch.float64)
+    torch.testing.assert_close(wrapped(x), stock(x))
+
+
+class _Untraceable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(4)
+        self.relu = nn.ReLU()
+
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow: fx cannot trace it
+            x = x * 2
+        return self.relu(self.bn(x))
+
+
+def test_untraceable_model_falls_back_to_module_swapping():
+    model = _Untraceable().double()
+    report = torchext.swap_modules(model)
+    assert report.model is model and not report.graph_fused
+    assert "could not trace" in report.graph_note and "one by one" in report.graph_note
+    assert "could not trace" in str(report)
+    assert type(model.bn) is tnn.BatchNorm2d and type(model.relu) is tnn.ReLU
+    x = torch.randn(2, 4, 3, 3, dtype=torch.float64)
+    stock = _Untraceable().double()
+    stock.load_state_dict(model.state_dict())
+    torch.testing.assert_close(model(x), stock(x))
+
+
+class _SharedOutput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = self.bn(x)
+        return F.relu(y) + y  # y has two users: the ReLU cannot be fused into the BatchNorm
+
+
+class _CalledTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return torch.relu(self.bn(x)) + self.bn(x).relu()
+
+
+@pytest.mark.parametrize(
+    "cls, reason", [(_SharedOutput, "other users"), (_CalledTwice, "called more than once")], ids=["shared", "twice"]
+)
+def test_patterns_left_alone_say_why(cls, reason):
+    torch.manual_seed(0)
+    model = cls().double()
+    stock = copy.deepcopy(model)
+    report = torchext.swap_modules(model)
+    assert not report.graph_fused
+    assert report.graph_not_fused and reason in report.graph_not_fused[0].reason, str(report)
+    x = torch.randn(2, 4, 3, 3, dtype=torch.float64)
+    torch.testing.assert_close(report.model(x), stock(x))
+
+
+def test_functional_relu_and_torch_add_patterns():
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn1, self.bn2 = nn.BatchNorm2d(3), nn.BatchNorm2d(3)
+
+        def forward(self, x, s):
+            y = F.relu(self.bn1(x))
+            return torch.add(s, self.bn2(y)).relu()
+
+    torch.manual_seed(0)
+    model = _randomize_bn(Block()).double()
+    stock = copy.deepcopy(model)
+    report = torchext.swap_modules(model)
+    assert [f.pattern for f in report.graph_fused] == ["bn+relu", "bn+add+relu"], str(report)
+    x, s = torch.randn(2, 3, 4, 5, dtype=torch.float64), torch.randn(2, 3, 4, 5, dtype=torch.float64)
+    torch.testing.assert_close(report.model(x, s), stock(x, s))
+
+
+def test_fuse_false_keeps_the_model_object():
+    model = torchext.models.resnet18_cifar()
+    report = torchext.swap_modules(model, fuse=False)
+    assert report.model is model and not report.graph_fused

@@ -1,0 +1,233 @@
+"""Fusions that span modules, found with torch.fx: BatchNorm + ReLU and BatchNorm + residual add + ReLU.
+
+``swap_modules(model, fuse=True)`` calls ``fuse_batch_norm(model, report)`` after swapping module by module. It traces
+the model with ``torch.fx`` (torch.nn and torchext.nn modules are leaves) and rewrites, in the traced graph:
+
+- ``relu(bn(x))`` -> ``bn(x)`` with ``bn`` now a ``torchext.nn.BatchNormReLU2d`` (one kernel per direction);
+- ``relu(bn(x) + shortcut)`` (either operand order, ``+``, ``+=`` or ``torch.add`` without ``alpha``) ->
+  ``bn(x, shortcut)`` with ``bn`` a ``torchext.nn.BatchNormAddReLU2d``: the residual tail of torchvision's
+  ``BasicBlock`` and ``Bottleneck`` and of ``torchext.models.resnet18_cifar``'s block.
+
+``bn`` is an exact ``nn.BatchNorm2d`` (or torchext's); the ReLU is an ``nn.ReLU`` module, ``F.relu``, ``torch.relu`` or
+``Tensor.relu``. In the graph, the BatchNorm becomes a module of the fused class (which subclasses ``nn.BatchNorm2d``:
+``momentum`` / ``eps`` / ``track_running_stats`` semantics unchanged) holding the BatchNorm's own Parameters and
+buffers, and the ReLU and the add leave the graph; the original model keeps its (unfused) modules and stays correct,
+sharing those tensors. A pattern is left alone, and reported with its reason, when the BatchNorm's output is used
+elsewhere too (the ReLU would change what that other user sees), when the BatchNorm module is called more than once, or
+when it carries hooks.
+
+The result is a ``torch.fx.GraphModule`` holding the model's Parameters and buffers (so an optimizer built on the
+model's parameters still trains it; ``state_dict`` keys and their order are the model's); ``model.eval()``, ``train()``,
+DataParallel / DDP wrapping, ``torch.compile`` and ``state_dict`` round trips work on it as on the model. A model that
+fx cannot trace (data-dependent control flow, hooks on the model itself) is returned unchanged, with the reason in the
+report: its modules are still swapped one by one."""
+
+from __future__ import annotations
+
+import copy
+import operator
+from typing import NamedTuple
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+from . import nn as tnn
+
+__all__ = ["GraphFused", "GraphNotFused", "fuse_batch_norm"]
+
+
+class GraphFused(NamedTuple):
+    pattern: str  # 'bn+relu' or 'bn+add+relu'
+    modules: str  # the modules (and the add) that became one, e.g. 'layer1.0.bn2 + add + layer1.0.relu'
+    new: str  # the BatchNorm module's new class
+
+
+class GraphNotFused(NamedTuple):
+    pattern: str
+    modules: str
+    reason: str
+
+
+_RELU_FUNCTIONS = (F.relu, torch.relu, torch.relu_)
+_RELU_METHODS = ("relu", "relu_")
+_ADD_FUNCTIONS = (operator.add, operator.iadd, torch.add)
+
+
+class _Tracer(fx.Tracer):
+    """torch.fx's default tracer, with torchext.nn's modules as leaves too (they subclass torch.nn's)."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if type(m).__module__ == tnn.__name__ and not isinstance(m, nn.Sequential):
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+
+def _module(gm: fx.GraphModule, node: fx.Node) -> nn.Module | None:
+    return gm.get_submodule(node.target) if node.op == "call_module" else None
+
+
+def _is_relu(gm: fx.GraphModule, node: fx.Node) -> bool:
+    if node.op == "call_module":
+        return type(_module(gm, node)) in (nn.ReLU, tnn.ReLU)
+    if node.op == "call_function":
+        return node.target in _RELU_FUNCTIONS and len(node.args) == 1
+    return node.op == "call_method" and node.target in _RELU_METHODS and len(node.args) == 1
+
+
+def _is_add(node: fx.Node) -> bool:
+    return (
+        node.op == "call_function"
+        and node.target in _ADD_FUNCTIONS
+        and len(node.args) == 2
+        and not node.kwargs
+        and all(isinstance(a, fx.Node) for a in node.args)
+    )
+
+
+def _only_user(node: fx.Node) -> fx.Node | None:
+    return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def _name(gm: fx.GraphModule, node: fx.Node) -> str:
+    if node.op == "call_module":
+        return str(node.target)
+    if node.op == "call_function":
+        return getattr(node.target, "__name__", str(node.target))
+    return f".{node.target}()"
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    hook_dicts = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    return any(len(getattr(module, d, None) or {}) for d in hook_dicts)
+
+
+def _fused_copy(bn: nn.Module, cls: type) -> nn.Module:
+    """A new module of class ``cls`` holding ``bn``'s very Parameters and buffers (running statistics and
+    num_batches_tracked are updated in place, so both see every update) and its attributes. ``bn`` itself keeps its
+    class, so the original model, whose forward still applies the ReLU and the add, stays correct."""
+    new = copy.copy(bn)
+    for key, value in list(new.__dict__.items()):
+        if isinstance(value, dict):  # _parameters, _buffers, _modules, the hook dicts: the copy's own
+            new.__dict__[key] = value.copy()
+    new.__class__ = cls
+    return new
+
+
+def _set_submodule(gm: fx.GraphModule, target: str, module: nn.Module) -> None:
+    parent_name, _, name = target.rpartition(".")
+    parent = gm.get_submodule(parent_name) if parent_name else gm
+    setattr(parent, name, module)
+
+
+def _restore_module_tree(gm: fx.GraphModule, model: nn.Module) -> None:
+    """fx.GraphModule keeps only the modules its graph calls, in the order it calls them. Put back every module of
+    the model that holds state but is not called (its parameters and buffers stay in the state_dict), and the
+    model's order of children at every level, so that state_dict keys and their order are the model's."""
+    for name, module in model.named_modules():
+        if not name:
+            continue
+        try:
+            gm.get_submodule(name)
+        except AttributeError:
+            if (
+                next(module.parameters(recurse=False), None) is not None
+                or next(module.buffers(recurse=False), None) is not None
+            ):
+                gm.add_submodule(name, module)
+    for name, module in model.named_modules():
+        try:
+            target = gm.get_submodule(name) if name else gm
+        except AttributeError:
+            continue
+        order = [k for k in module._modules if k in target._modules]
+        rest = [k for k in target._modules if k not in module._modules]
+        target._modules = type(target._modules)((k, target._modules[k]) for k in order + rest)
+
+
+def fuse_batch_norm(model: nn.Module, report) -> nn.Module:
+    """Rewrites ``model``'s BatchNorm + ReLU and BatchNorm + add + ReLU patterns (see the module docstring) and
+    records each fusion (``report.graph_fused``; ``report.fused_bn`` maps each fused BatchNorm's name to its (old,
+    new) class), each pattern left unfused (``report.graph_not_fused``) and how the model was handled
+    (``report.graph_note``) in ``report`` (a ``SwapReport``). Returns the model to use: a
+    GraphModule when something was fused, else ``model`` itself."""
+    bn_classes = (nn.BatchNorm2d, tnn.BatchNorm2d)
+    if not any(type(m) in bn_classes for m in model.modules()):
+        return model
+    if _has_hooks(model):
+        report.graph_note = "the model carries hooks of its own, which torch.fx would drop: BatchNorm fusions skipped"
+        return model
+    try:
+        graph = _Tracer().trace(model)
+    except Exception as e:  # fx raises many types: TraceError, TypeError, NotImplementedError, ...
+        message = str(e).splitlines()[0] if str(e) else ""
+        report.graph_note = (
+            f"torch.fx could not trace the model ({type(e).__name__}: {message[:200]}): BatchNorm fusions skipped, "
+            "modules swapped one by one"
+        )
+        return model
+    gm = fx.GraphModule(model, graph, class_name=type(model).__name__)
+    calls: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            calls[node.target] = calls.get(node.target, 0) + 1
+
+    fused_any = False
+    for bn_node in list(gm.graph.nodes):
+        bn = _module(gm, bn_node)
+        if type(bn) not in bn_classes or getattr(bn_node, "_erased", False):
+            continue
+        user = _only_user(bn_node)
+        if user is None:
+            # Used by more than one node: fusing a ReLU into it would change what the others see.
+            relu_users = [u for u in bn_node.users if _is_relu(gm, u)]
+            if relu_users:
+                report.graph_not_fused.append(
+                    GraphNotFused(
+                        "bn+relu",
+                        f"{bn_node.target} + {_name(gm, relu_users[0])}",
+                        "the BatchNorm's output has other users besides the ReLU",
+                    )
+                )
+            continue
+        if _is_relu(gm, user):
+            pattern, add, relu, shortcut = "bn+relu", None, user, None
+        elif _is_add(user) and _only_user(user) is not None and _is_relu(gm, _only_user(user)):
+            pattern, add, relu = "bn+add+relu", user, _only_user(user)
+            shortcut = user.args[1] if user.args[0] is bn_node else user.args[0]
+            if shortcut is bn_node:
+                continue  # bn(x) + bn(x)
+        else:
+            continue
+        names = " + ".join([str(bn_node.target)] + (["add"] if add is not None else []) + [_name(gm, relu)])
+        reason = None
+        if calls[bn_node.target] > 1:
+            reason = f"{bn_node.target} is called more than once in the model"
+        elif _has_hooks(bn) or (relu.op == "call_module" and _has_hooks(_module(gm, relu))):
+            reason = "a hook is registered on the BatchNorm or the ReLU module"
+        if reason is not None:
+            report.graph_not_fused.append(GraphNotFused(pattern, names, reason))
+            continue
+        new_cls = tnn.BatchNormReLU2d if add is None else tnn.BatchNormAddReLU2d
+        old_cls = type(bn)
+        _set_submodule(gm, bn_node.target, _fused_copy(bn, new_cls))
+        args = (bn_node.args[0],) if add is None else (bn_node.args[0], shortcut)
+        with gm.graph.inserting_before(relu):  # every input (the shortcut included) is defined by now
+            fused = gm.graph.call_module(bn_node.target, args)
+        relu.replace_all_uses_with(fused)
+        for node in (relu, add, bn_node):
+            if node is not None:
+                gm.graph.erase_node(node)
+        fused_any = True
+        report.graph_fused.append(GraphFused(pattern, names, f"torchext.nn.{new_cls.__name__}"))
+        report.fused_bn[str(bn_node.target)] = (old_cls, new_cls)
+    if not fused_any:
+        report.graph_note = "traced with torch.fx: no BatchNorm pattern to fuse"
+        return model
+    _restore_module_tree(gm, model)
+    gm.graph.lint()
+    gm.recompile()
+    gm.train(model.training)
+    report.graph_note = f"traced with torch.fx: {len(report.graph_fused)} BatchNorm fusion(s)"
+    return gm
