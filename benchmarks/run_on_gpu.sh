@@ -5,13 +5,15 @@
 # (TORCHEXT_HYPOTHESIS_PROFILE=gpu unless set).
 #
 #   OUT=out bash benchmarks/run_on_gpu.sh [build] [test] [memcheck] [racecheck] [synccheck] [bench] [matmul] [memory]
-#                                         [host] [conv2d] [compare] [ddp] [notebooks]
+#                                         [host] [conv2d] [loop] [compare] [ddp] [notebooks]
 #   (default: the first four)
 # ONLY_TESTS (e.g. "tests/test_matmul.py tests/test_conv2d.py") narrows the test stage to those files, GPU tests only.
 #
 # matmul runs benchmarks/bench_matmul.py (ladder, Linear, CPU GEMM; ~2 min on an H200, MATMUL_ARGS=--quick ~1 min).
 # host runs benchmarks/bench_host.py on CUDA tensors (host time per module call, ~30 s).
 # conv2d runs benchmarks/bench_conv2d.py (every ResNet-18 convolution against cuDNN; CONV2D_ARGS e.g. --dtypes bfloat16).
+# loop runs benchmarks/bench_loop.py: torchext-compare's training loop against a bare loop of the same step, both
+# models, stock and torchext (~1 min on an H100; LOOP_ARGS e.g. "--models resnet18_cifar --rounds 3").
 # compare runs the CIFAR-10 comparisons named in COMPARE_RUNS (default: all of the table below; about 15 min on an
 # H100, so name a few per call where calls are limited to 10 min); ddp the ResNet-18 recipe under
 # torchrun --nproc_per_node=2 (2 GPUs). Each run is written to /tmp/torchext-compare/<run>/ (results, plots and its
@@ -103,6 +105,8 @@ has matmul && bench_stage "matmul benchmark" bench_matmul.py matmul_gpu ${MATMUL
 has host && bench_stage "host time per call" bench_host.py host_gpu --device cuda
 # shellcheck disable=SC2086
 has conv2d && bench_stage "conv2d against cuDNN" bench_conv2d.py conv2d_gpu ${CONV2D_ARGS:-}
+# shellcheck disable=SC2086
+has loop && bench_stage "training loop against a bare loop" bench_loop.py loop_gpu --device cuda ${LOOP_ARGS:-}
 # compare_run NAME LIMIT_S [torchext-compare args...]
 compare_run() {
   local name=$1 limit=$2

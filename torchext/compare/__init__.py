@@ -7,7 +7,9 @@ into one ``torchext.nn.Linear(activation=...)``); its loss is ``torchext.nn.Cros
 from identical weights on identical batches (one ``GPULoader`` seeded with the seed; each model's epoch e re-seeds
 the global RNG with (seed, e), so dropout draws the same masks for both), alternating per epoch: stock then
 torchext on even epochs, torchext then stock on odd ones, so that drift of the machine (clocks, temperature,
-neighbours) hits both.
+neighbours) hits both. The loop adds little to the step itself (``benchmarks/bench_loop.py`` measures it against a
+bare loop): nothing is read back on the host per step, and the loader crops, flips and normalizes 8 batches at a
+time on the device.
 
 Per model and epoch it records the training loss (mean over the epoch's batches, summed on the device: no
 synchronization per step), validation loss and accuracy, the epoch's training time (``time.perf_counter`` between

@@ -89,6 +89,19 @@ def _graphed_step(c: _Contender, xb, yb, cfg: CompareConfig) -> torch.Tensor:
     return c.graphed(xb, yb)
 
 
+def _train_batch(c: _Contender, xb, yb, cfg: CompareConfig, device, dist: _Dist, loss_sum: torch.Tensor) -> None:
+    """One iteration of the training loop (benchmarks/bench_loop.py times it as it is): the step (replayed from c's
+    CUDA graph with --cuda-graphs; on this rank's slice of the batch under torchrun), the schedule's step, and the
+    batch's loss added to ``loss_sum`` on the device: nothing is read back on the host."""
+    if cfg.cuda_graphs:
+        loss = _graphed_step(c, xb, yb, cfg)
+    else:
+        loss = _train_step(c, c.train_model, _train_shard(xb, dist), _train_shard(yb, dist), device, cfg.amp)
+    if c.scheduler is not None:
+        c.scheduler.step()
+    loss_sum.add_(loss.float())
+
+
 def _memory_start(device: torch.device) -> int:
     if device.type != "cuda":
         return 0
@@ -110,13 +123,7 @@ def _train_epoch(c: _Contender, loader, epoch: int, seed: int, cfg: CompareConfi
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     for xb, yb in _progress(loader, desc, bars, len(loader)):
-        if cfg.cuda_graphs:
-            loss = _graphed_step(c, xb, yb, cfg)
-        else:
-            loss = _train_step(c, c.train_model, _train_shard(xb, dist), _train_shard(yb, dist), device, cfg.amp)
-        if c.scheduler is not None:
-            c.scheduler.step()
-        loss_sum += loss.float()
+        _train_batch(c, xb, yb, cfg, device, dist, loss_sum)
         steps += 1
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -434,17 +441,8 @@ def _run_seed(
     """Trains both models for one seed, filling in its entry, the last of ``results["seeds"]``, and calling
     ``checkpoint("running")`` after every epoch both models finished; fills in the swap report on the first seed
     and, when ``profile``, the GPU-time share of the final torchext model. Nothing of the seed outlives the call."""
-    import torchext
-
-    from .. import models as tmodels
-    from ..data import GPULoader
-
     num_classes = len(data.classes)
-    torch.manual_seed(seed)
-    stock = tmodels.get_model(cfg.model, num_classes=num_classes).to(device)
-    if cfg.channels_last:
-        stock = stock.to(memory_format=torch.channels_last)
-    ours, report = _swap(copy.deepcopy(stock), cfg)
+    stock, ours, report = _models(cfg, num_classes, device, seed)
     if results["swap_report"] is None:
         results["swap_report"] = _jsonable(report)
         results["swap_report_text"] = str(report)
@@ -453,18 +451,8 @@ def _run_seed(
             "torchext": sum(p.numel() for p in ours.parameters()),
         }
     del report
-    loader = GPULoader(
-        data.train_x, data.train_y, cfg.batch_size, train=True, device=device, seed=seed,
-        channels_last=cfg.channels_last,
-    )  # fmt: skip
-    criteria = {
-        "stock": nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
-        "torchext": torchext.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
-    }
-    contenders = [
-        _make_contender(name, net, criteria[name], cfg, device, dist, len(loader))
-        for name, net in (("stock", stock), ("torchext", ours))
-    ]
+    loader = _train_loader(data.train_x, data.train_y, cfg, device, seed)
+    contenders = _contenders(stock, ours, cfg, device, dist, len(loader))
     for epoch in range(cfg.epochs):
         order = contenders if epoch % 2 == 0 else contenders[::-1]
         for position, c in enumerate(order):
@@ -504,6 +492,41 @@ def _run_seed(
             import torch.distributed as tdist
 
             tdist.barrier()
+
+
+def _models(cfg: CompareConfig, num_classes: int, device, seed: int):
+    """(stock model, its torchext copy, the swap report): the stock model built under ``torch.manual_seed(seed)``,
+    on the device and in the recipe's memory format, and a deep copy of it swapped to torchext."""
+    from .. import models as tmodels
+
+    torch.manual_seed(seed)
+    stock = tmodels.get_model(cfg.model, num_classes=num_classes).to(device)
+    if cfg.channels_last:
+        stock = stock.to(memory_format=torch.channels_last)
+    ours, report = _swap(copy.deepcopy(stock), cfg)
+    return stock, ours, report
+
+
+def _train_loader(x, y, cfg: CompareConfig, device, seed: int):
+    """The training batches of a seed: shuffled and augmented on the device (``torchext.data.GPULoader``)."""
+    from ..data import GPULoader
+
+    return GPULoader(x, y, cfg.batch_size, train=True, device=device, seed=seed, channels_last=cfg.channels_last)
+
+
+def _contenders(stock, ours, cfg: CompareConfig, device, dist: _Dist, steps_per_epoch: int) -> list:
+    """[stock, torchext]: each model with its loss (torch's or torchext's cross entropy, the same label smoothing),
+    optimizer, schedule and wrappers."""
+    import torchext
+
+    criteria = {
+        "stock": nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
+        "torchext": torchext.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
+    }
+    return [
+        _make_contender(name, net, criteria[name], cfg, device, dist, steps_per_epoch)
+        for name, net in (("stock", stock), ("torchext", ours))
+    ]
 
 
 def _seed_entry(seed: int, contenders: list) -> dict:
