@@ -17,7 +17,9 @@ two ``torch.cuda.synchronize()``; validation is not timed), images per second, a
 CUDA memory (each model's epoch starts from an emptied cache with reset peak statistics, so the peaks are its own
 on top of what stays resident: both models' weights and optimizer states and the dataset); the confusion matrices
 of the final models on the validation set; on CUDA, the share of the torchext model's GPU time spent in torchext
-kernels over a few profiled training steps (``torchext.profiling``).
+kernels over a few profiled training steps (``torchext.profiling``), and both models' GPU time per step by op family
+(convolution, batch norm, pooling, elementwise, GEMM, loss, optimizer, copies: ``torchext.profiling.kernel_family``).
+summary.md also says which layers run torchext's code (from the swap report).
 
 Usage::
 

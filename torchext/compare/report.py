@@ -10,6 +10,7 @@ import math
 import numpy as np
 import torch
 
+from ..profiling import FAMILY_LABELS, KERNEL_FAMILIES, kernel_family
 from .config import MODEL_NAMES
 
 
@@ -115,6 +116,7 @@ def summarize(results: dict) -> dict:
         "seeds": len(seeds),
         "summary_seeds": [s["seed"] for s in seeds],
         "gpu_busy": gpu_busy(results) if results["seeds"] else None,
+        "op_families": op_families(results),
     }
 
 
@@ -179,6 +181,112 @@ def gpu_busy(results: dict) -> dict:
     return out
 
 
+UNLISTED = "unlisted"  # results from before by_family: the GPU time of the kernels outside the profile's table
+
+
+def _family_ms(profile) -> dict | None:
+    """{family: {"ms", "torchext_ms"}} per training step of one model's profile (``torchext.profiling``'s result),
+    None where it holds no GPU time. Profiles from before ``by_family`` are sorted from their kernel table (the
+    longest kernels), the rest of their time under ``UNLISTED``."""
+    if not isinstance(profile, dict) or not profile.get("total_us") or not profile.get("steps"):
+        return None
+    per_ms = 1.0 / (1000.0 * profile["steps"])
+    families = profile.get("by_family")
+    if families:
+        return {
+            f: {"ms": v["us"] * per_ms, "torchext_ms": v.get("torchext_us", 0.0) * per_ms} for f, v in families.items()
+        }
+    out = {f: {"ms": 0.0, "torchext_ms": 0.0} for f in KERNEL_FAMILIES}
+    listed = 0.0
+    for row in profile.get("by_kernel") or []:
+        family = kernel_family(row.get("full_name") or row["name"], row.get("kind", "kernel"))
+        out[family]["ms"] += row["us"] * per_ms
+        out[family]["torchext_ms"] += row["us"] * per_ms if row.get("torchext") else 0.0
+        listed += row["us"]
+    out[UNLISTED] = {"ms": max(profile["total_us"] - listed, 0.0) * per_ms, "torchext_ms": 0.0}
+    return out
+
+
+def op_families(results: dict) -> dict | None:
+    """GPU time per training step by op family (``torchext.profiling.KERNEL_FAMILIES``) of each model's profiled
+    steps: {"stock": {family: {"ms", "torchext_ms"}}, "torchext": {...}}, a model None where it was not profiled;
+    None when neither was (on the CPU)."""
+    out = {"stock": _family_ms(results.get("stock_gpu_time")), "torchext": _family_ms(results.get("gpu_time_share"))}
+    return out if any(out.values()) else None
+
+
+def _families_table(families: dict | None) -> list[str]:
+    """summary.md's lines for the GPU time by op family of both models."""
+    if not families:
+        return ["GPU time by op family: not measured (CUDA only, from the profiled steps)."]
+    stock, ours = families["stock"] or {}, families["torchext"] or {}
+    keys = [f for f in (*KERNEL_FAMILIES, UNLISTED) if stock.get(f, {}).get("ms") or ours.get(f, {}).get("ms")]
+    totals = {name: sum(v["ms"] for v in fam.values()) for name, fam in (("stock", stock), ("torchext", ours))}
+
+    def cell(fam, name, f):
+        ms = fam.get(f, {}).get("ms")
+        if ms is None or not fam:
+            return "n/a"
+        return f"{ms:.3f} ({100 * ms / totals[name]:.1f}%)" if totals[name] else f"{ms:.3f}"
+
+    lines = [
+        "GPU time per training step by op family (the profiled steps of the final models; ms, and the share of the "
+        "model's GPU time). 'In torchext kernels': the part of the torchext model's time spent in torchext's own "
+        "kernels.",
+        "",
+        "| op family | stock (ms) | torchext (ms) | in torchext kernels (ms) | torchext - stock (ms) |",
+        "|---|---|---|---|---|",
+    ]
+    for f in keys:
+        label = FAMILY_LABELS.get(f, "kernels not in the table")  # UNLISTED
+        mine = ours.get(f, {}).get("torchext_ms")
+        diff = round(ours[f]["ms"] - stock[f]["ms"], 3) + 0.0 if f in ours and f in stock else None  # no -0.000
+        lines.append(
+            f"| {label} | {cell(stock, 'stock', f)} | {cell(ours, 'torchext', f)} | "
+            f"{'' if mine is None or not ours else f'{mine:.3f}'} | {'' if diff is None else f'{diff:+.3f}'} |"
+        )
+    mine_total = sum(v.get("torchext_ms") or 0.0 for v in ours.values())
+    diff_total = round(totals["torchext"] - totals["stock"], 3) + 0.0 if stock and ours else None
+    total = {name: f"{totals[name]:.3f}" if fam else "n/a" for name, fam in (("stock", stock), ("torchext", ours))}
+    lines.append(
+        f"| total | {total['stock']} | {total['torchext']} | {f'{mine_total:.3f}' if ours else ''} | "
+        f"{'' if diff_total is None else f'{diff_total:+.3f}'} |"
+    )
+    if UNLISTED in keys:
+        lines += [
+            "",
+            "These results predate the per-family totals: the families are sorted from each model's table of its "
+            "longest kernels, and the time of the kernels outside it is one row.",
+        ]
+    return lines
+
+
+def _layers_text(results: dict) -> str | None:
+    """One line saying which layers run torchext's code, from the swap report (None without one)."""
+    report = results.get("swap_report")
+    if not isinstance(report, dict) or not isinstance(report.get("replaced"), list):
+        return None
+    try:
+        swapped: dict[tuple[str, str], int] = {}
+        for r in report["replaced"]:
+            if r["new"] != "nn.Identity":  # an activation fused into the Linear before it
+                swapped[(r["old"], r["new"])] = swapped.get((r["old"], r["new"]), 0) + 1
+        stock: dict[str, int] = {}
+        for r in report.get("left_stock") or []:
+            stock[r["cls"]] = stock.get(r["cls"], 0) + 1
+        fused = len(report.get("fused") or [])
+    except (KeyError, TypeError):
+        return None
+    parts = [f"{n} x {old} -> {new}" for (old, new), n in swapped.items()] or ["none"]
+    text = f"Layers running torchext's code in the torchext model: {', '.join(parts)}"
+    if fused:
+        text += f" ({fused} Linear + activation pair(s) fused into one torchext.nn.Linear each)"
+    text += "; its loss is torchext.nn.CrossEntropyLoss"
+    if stock:
+        text += f". Left stock: {', '.join(f'{n} x {cls}' for cls, n in stock.items())}"
+    return text + " (the swap report is at the end)."
+
+
 def _busy_text(b: dict) -> str:
     if any(b[name]["busy"] is None for name in MODEL_NAMES):
         return "GPU work per training step: not measured (CUDA only, from the profiled steps)."
@@ -219,6 +327,7 @@ def render_summary(results: dict) -> str:
     mib = 1.0 / 2**20
     timed = _timed_text(s["timed_epochs"])
     status = _status_text(results)
+    layers = _layers_text(results)
     lines = [
         f"# torchext vs stock PyTorch: {cfg['model']}",
         "",
@@ -232,6 +341,7 @@ def render_summary(results: dict) -> str:
         f"allocator {cfg['allocator']}; seeds {', '.join(str(x) for x in cfg['seeds'])}.",
         f"Data: {data['train_images']} training images from {data['source']}; **validation set: "
         f"{data['val_source']}** ({data['val_images']} images).",
+        *(["", layers] if layers else []),
         "",
         f"Mean ± std over {s['seeds']} seed(s). Ratios and differences are taken per seed (same initial weights, "
         "same batches), then averaged.",
@@ -281,6 +391,8 @@ def render_summary(results: dict) -> str:
         f"GPU-time share of torchext kernels: {_share_text(results.get('gpu_time_share'))}.",
         "",
         _busy_text(s.get("gpu_busy") or gpu_busy(results)),
+        "",
+        *_families_table(s.get("op_families") if "op_families" in s else op_families(results)),
     ]
     pool = results.get("memory", {}).get("pool_stats")
     if pool:
