@@ -179,9 +179,7 @@ def bench_model(model: str, args, device: torch.device, writer: CsvWriter) -> di
             samples[key]["step_time"] += pace
             samples[key]["host_time"] += host
             samples[key]["wall_time"].append(wall)
-    out = {
-        key: {metric: quantiles(v * (2 if len(v) == 1 else 1)) for metric, v in m.items()} for key, m in samples.items()
-    }
+    out = {key: {metric: stats(v) for metric, v in m.items()} for key, m in samples.items()}
     for provider in PROVIDERS:
         for loop in ("bare", "loop"):
             us = gpu_us_per_step(fns[(provider, loop)], args.profile_steps, device)

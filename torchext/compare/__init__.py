@@ -14,12 +14,13 @@ time on the device.
 Per model and epoch it records the training loss (mean over the epoch's batches, summed on the device: no
 synchronization per step), validation loss and accuracy, the epoch's training time (``time.perf_counter`` between
 two ``torch.cuda.synchronize()``; validation is not timed), images per second, and the peak allocated and reserved
-CUDA memory (each model's epoch starts from an emptied cache with reset peak statistics, so the peaks are its own
-on top of what stays resident: both models' weights and optimizer states and the dataset); the confusion matrices
-of the final models on the validation set; on CUDA, the share of the torchext model's GPU time spent in torchext
-kernels over a few profiled training steps (``torchext.profiling``), and both models' GPU time per step by op family
-(convolution, batch norm, pooling, elementwise, GEMM, loss, optimizer, copies: ``torchext.profiling.kernel_family``).
-summary.md also says which layers run torchext's code (from the swap report).
+CUDA memory (each model's epoch starts from an emptied cache with reset peak statistics, so the peaks are its own on
+top of what stays resident: both models' weights and optimizer states and the dataset; the loader's block of 8
+prepared batches is in them too); the confusion matrices of the final models on the validation set; on CUDA, the
+share of the torchext model's GPU time spent in torchext kernels over a few profiled training steps
+(``torchext.profiling``), and both models' GPU time per step by op family (convolution, batch norm, pooling,
+elementwise, GEMM, loss, optimizer, copies: ``torchext.profiling.kernel_family``). summary.md also says which layers
+run torchext's code (from the swap report).
 
 Usage::
 

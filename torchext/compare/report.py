@@ -384,7 +384,8 @@ def render_summary(results: dict) -> str:
     else:
         lines.append(
             "Peak memory is each model's epoch's peak (cache emptied and peaks reset before each), including what "
-            "stays resident throughout: both models' weights and optimizer states and the dataset on the device."
+            "stays resident throughout: both models' weights and optimizer states and the dataset on the device "
+            "(and the loader's current block of 8 prepared batches)."
         )
     lines += [
         "",
