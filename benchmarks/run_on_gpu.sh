@@ -5,7 +5,7 @@
 # (TORCHEXT_HYPOTHESIS_PROFILE=gpu unless set).
 #
 #   OUT=out bash benchmarks/run_on_gpu.sh [build] [test] [memcheck] [racecheck] [synccheck] [bench] [matmul] [memory]
-#                                         [host] [conv2d] [batch_norm] [pooling] [compare] [ddp] [notebooks]
+#                                         [host] [conv2d] [batch_norm] [pooling] [loop] [compare] [ddp] [notebooks]
 #   (default: the first four)
 # ONLY_TESTS (e.g. "tests/test_matmul.py tests/test_conv2d.py") narrows the test stage to those files, GPU tests only.
 #
@@ -15,6 +15,8 @@
 # batch_norm runs benchmarks/bench_batch_norm.py (BN + ReLU and BN + add + ReLU fwd+bwd against eager and torch.compile
 # at ResNet's shapes, batch 512 bf16; ~2 min, most of it torch.compile's; BATCH_NORM_ARGS e.g. --no-compile).
 # pooling runs benchmarks/bench_pooling.py (ResNet-18's pools against torch, bf16 channels-last and fp32 NCHW, ~20 s).
+# loop runs benchmarks/bench_loop.py: torchext-compare's training loop against a bare loop of the same step, both
+# models, stock and torchext (~1 min on an H100; LOOP_ARGS e.g. "--models resnet18_cifar --rounds 3").
 # compare runs the CIFAR-10 comparisons named in COMPARE_RUNS (default: all of the table below; about 15 min on an
 # H100, so name a few per call where calls are limited to 10 min); ddp the ResNet-18 recipe under
 # torchrun --nproc_per_node=2 (2 GPUs). Each run is written to /tmp/torchext-compare/<run>/ (results, plots and its
@@ -110,6 +112,7 @@ has conv2d && bench_stage "conv2d against cuDNN" bench_conv2d.py conv2d_gpu ${CO
 has batch_norm && bench_stage "batch norm against eager and torch.compile" bench_batch_norm.py batch_norm_gpu ${BATCH_NORM_ARGS:-}
 # shellcheck disable=SC2086
 has pooling && bench_stage "pooling against torch" bench_pooling.py pooling_gpu ${POOLING_ARGS:-}
+has loop && bench_stage "training loop against a bare loop" bench_loop.py loop_gpu --device cuda ${LOOP_ARGS:-}
 # compare_run NAME LIMIT_S [torchext-compare args...]
 compare_run() {
   local name=$1 limit=$2

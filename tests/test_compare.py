@@ -17,7 +17,7 @@ from conftest import gpu
 from torch import nn
 
 import torchext
-from torchext import compare
+from torchext import compare, profiling
 from torchext.compare import CompareConfig, CompareError
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -219,6 +219,79 @@ def test_summary_md(mlp_run):
     assert "GPU-time share of torchext kernels: not measured" in text
     assert "Swap report" in text and str(results["swap_report_text"]).splitlines()[0] in text
     assert text == compare.render_summary(results)
+
+
+def test_summary_names_the_torchext_layers(mlp_run):
+    """Which layers run torchext's code, in one line near the top (from the swap report, which follows in full)."""
+    results, out, _ = mlp_run
+    text = (out / "summary.md").read_text()
+    lines = [line for line in text.splitlines() if line.startswith("Layers running torchext's code")]
+    assert lines == [
+        "Layers running torchext's code in the torchext model: 2 x nn.Linear -> torchext.nn.Linear(activation='relu'),"
+        " 1 x nn.Linear -> torchext.nn.Linear (2 Linear + activation pair(s) fused into one torchext.nn.Linear each);"
+        " its loss is torchext.nn.CrossEntropyLoss (the swap report is at the end)."
+    ], lines
+    assert text.index(lines[0]) < text.index("| final val accuracy |")
+    report = copy.deepcopy(results["swap_report"])
+    report["left_stock"] = [{"name": f"conv{i}", "cls": "nn.Conv2d", "reason": "no torchext kernel"} for i in range(3)]
+    text = compare.render_summary({**results, "swap_report": report})
+    assert "torchext.nn.CrossEntropyLoss. Left stock: 3 x nn.Conv2d (the swap report is at the end)." in text
+
+
+def _profile(steps: int, **families) -> dict:
+    """A profile as torchext.profiling returns it: {family: (us, torchext us)} over `steps` steps."""
+    by_family = {f: {"us": 0.0, "torchext_us": 0.0} for f in profiling.KERNEL_FAMILIES}
+    for f, (us, ours) in families.items():
+        by_family[f] = {"us": us, "torchext_us": ours}
+    total = sum(v["us"] for v in by_family.values())
+    return {"share": 0.1, "total_us": total, "steps": steps, "by_family": by_family, "by_kernel": []}
+
+
+def test_summary_gpu_time_by_op_family(mlp_run):
+    results = copy.deepcopy(mlp_run[0])
+    results["stock_gpu_time"] = _profile(2, conv=(6000.0, 0.0), batch_norm=(2000.0, 0.0), elementwise=(2000.0, 0.0))
+    results["gpu_time_share"] = _profile(
+        2, conv=(6000.0, 0.0), batch_norm=(2000.0, 0.0), elementwise=(1000.0, 800.0), gemm=(500.0, 500.0)
+    )
+    results["summary"] = compare.summarize(results)
+    fam = results["summary"]["op_families"]
+    assert fam["stock"]["conv"] == {"ms": 3.0, "torchext_ms": 0.0}, "per step: 6000 us over 2 steps"
+    assert fam["torchext"]["elementwise"] == {"ms": 0.5, "torchext_ms": 0.4}
+    lines = compare.render_summary(results).splitlines()
+    table = lines[
+        lines.index("| op family | stock (ms) | torchext (ms) | in torchext kernels (ms) | torchext - stock (ms) |") :
+    ]
+    assert table[2:7] == [
+        "| convolution | 3.000 (60.0%) | 3.000 (63.2%) | 0.000 | +0.000 |",
+        "| batch norm | 1.000 (20.0%) | 1.000 (21.1%) | 0.000 | +0.000 |",
+        "| elementwise and activations | 1.000 (20.0%) | 0.500 (10.5%) | 0.400 | -0.500 |",
+        "| GEMM and Linear | 0.000 (0.0%) | 0.250 (5.3%) | 0.250 | +0.250 |",
+        "| total | 5.000 | 4.750 | 0.650 | -0.250 |",
+    ], table[:8]
+    assert not any(line.startswith("| pooling") for line in table), "families neither model ran are left out"
+
+
+def test_summary_op_families_from_an_older_kernel_table(mlp_run):
+    """Results from before by_family: the families come from the kernel table, the rest is one row."""
+    results = copy.deepcopy(mlp_run[0])
+    cudnn = "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64_kernel__5x_cudnn"
+    relu = "void torchext::cuda_ops::(anonymous namespace)::unary_kernel<float, 4, Relu>(float const*, float*, long)"
+    rows = [
+        {"name": "conv", "full_name": cudnn, "kind": "kernel", "torchext": False, "calls": 2, "us": 3000.0},
+        {"name": "relu", "full_name": relu, "kind": "kernel", "torchext": True, "calls": 2, "us": 600.0},
+    ]
+    results["gpu_time_share"] = {"share": 0.15, "total_us": 4000.0, "steps": 2, "by_kernel": rows}
+    results.pop("summary")
+    fam = compare.summarize(results)["op_families"]
+    assert fam["stock"] is None
+    assert fam["torchext"]["conv"]["ms"] == 1.5 and fam["torchext"]["elementwise"] == {"ms": 0.3, "torchext_ms": 0.3}
+    assert fam["torchext"]["unlisted"]["ms"] == pytest.approx(0.2)
+    text = compare.render_summary(results)
+    assert "| convolution | n/a | 1.500 (75.0%) | 0.000 |  |" in text
+    assert "| kernels not in the table | n/a | 0.200 (10.0%) | 0.000 |  |" in text
+    assert "| total | n/a | 2.000 | 0.300 |  |" in text
+    assert "These results predate the per-family totals" in text
+    assert "GPU time by op family: not measured (CUDA only" in (mlp_run[1] / "summary.md").read_text()
 
 
 def test_plots(mlp_run, tmp_path):
@@ -501,6 +574,30 @@ def test_torchrun_two_gpus_nccl(tmp_path):
         assert m["peak_allocated_bytes"] > 0
     assert results["gpu_time_share"]["share"] > 0, results["gpu_time_share"]
     assert results["stock_gpu_time"]["share"] == 0, "stock runs no torchext kernel"
+
+
+@gpu
+def test_gpu_time_by_op_family_on_cuda(tmp_path):
+    """cnn_cifar on CUDA: every family the model runs gets its kernels (this torch's names), torchext's kernels sit
+    in the families of the swapped layers, little is left to 'other', and summary.md holds the table."""
+    results = compare.run(tiny(tmp_path, model="cnn_cifar", device="cuda", epochs=1, seeds=(0,), profile_steps=3))
+    fam = results["summary"]["op_families"]
+    for name in ("stock", "torchext"):
+        ms = {f: v["ms"] for f, v in fam[name].items()}
+        for f in ("conv", "batch_norm", "pool", "elementwise", "gemm", "loss", "optimizer"):
+            assert ms[f] > 0, f"[{name}] no {f} kernels: {ms}"
+        assert ms["other"] < 0.1 * sum(ms.values()), f"[{name}] 'other' holds too much: {ms}"
+    ours = {f: v["torchext_ms"] for f, v in fam["torchext"].items()}
+    assert ours["gemm"] > 0 and ours["elementwise"] > 0 and ours["loss"] > 0, ours  # Linear, ReLU, cross entropy
+    report = results["swap_report"]
+    left, swapped = {r["cls"] for r in report["left_stock"]}, {r["old"] for r in report["replaced"]}
+    for cls, f in (("nn.Conv2d", "conv"), ("nn.BatchNorm2d", "batch_norm"), ("nn.MaxPool2d", "pool")):
+        if cls in swapped:  # torchext's kernels of a swapped layer are named after its op
+            assert ours[f] > 0, f"[{cls} swapped] no torchext kernel in {f}: {ours}"
+        elif cls in left:
+            assert ours[f] == 0, f"[{cls} left stock] torchext kernels in {f}: {ours}"
+    assert all(v["torchext_ms"] == 0 for v in fam["stock"].values()), fam["stock"]
+    assert "| op family | stock (ms) | torchext (ms) |" in (tmp_path / "out" / "summary.md").read_text()
 
 
 @gpu

@@ -501,6 +501,34 @@ def test_layout_dtype_and_drop_last():
     assert torch.equal(xb, next(iter(data.GPULoader(x[yb.numpy()], yb, 4, train=False, device="cpu")))[0])
 
 
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize(
+    "train,channels_last,dtype,drop_last",
+    [(True, True, torch.float32, None), (True, False, torch.bfloat16, False), (False, False, torch.float32, None)],
+    ids=["train-cl", "train-contiguous-bf16-keep-last", "eval"],
+)
+def test_chunked_batches_equal_one_batch_at_a_time(device, train, channels_last, dtype, drop_last):
+    """Batches prepared `chunk` at a time are, bit for bit and stride for stride, those prepared one at a time, over
+    chunk boundaries and a short last chunk (and batch); each is a view of its chunk."""
+    x, y = random_images(45, seed=6), np.arange(45) % 10
+    kw = dict(train=train, device=device, seed=3, channels_last=channels_last, dtype=dtype, drop_last=drop_last)
+    one = data.GPULoader(x, y, 4, chunk=1, **kw)
+    for chunk in (2, 3, 8, 100):
+        loader = data.GPULoader(x, y, 4, chunk=chunk, **kw)
+        for epoch in (0, 1):
+            one.set_epoch(epoch)
+            loader.set_epoch(epoch)
+            got, want = list(loader), list(one)
+            assert len(got) == len(want) == len(loader), f"[chunk {chunk} epoch {epoch}] batch count"
+            for b, ((gx, gy), (wx, wy)) in enumerate(zip(got, want, strict=True)):
+                where = f"[chunk {chunk} epoch {epoch} batch {b}]"
+                assert torch.equal(gx, wx) and torch.equal(gy, wy), f"{where} values"
+                assert gx.dtype == dtype and gx.stride() == wx.stride(), f"{where} layout {gx.stride()} {wx.stride()}"
+        if chunk == 3:
+            assert got[0][0].untyped_storage().data_ptr() == got[2][0].untyped_storage().data_ptr(), "one chunk"
+            assert got[0][0].untyped_storage().data_ptr() != got[3][0].untyped_storage().data_ptr(), "the next"
+
+
 def test_loader_errors():
     x = random_images(5, seed=0)
     with pytest.raises(ValueError, match=r"x_uint8 must be uint8 \(N, H, W, 3\), got torch.uint8 \(5, 3, 32, 32\)"):
@@ -511,6 +539,8 @@ def test_loader_errors():
         data.GPULoader(x, np.zeros(4), 2, train=True, device="cpu")
     with pytest.raises(ValueError, match="gives no batches"):
         data.GPULoader(x, np.zeros(5), 8, train=True, device="cpu")
+    with pytest.raises(ValueError, match=r"chunk must be >= 1 \(batches prepared at once\), got 0"):
+        data.GPULoader(x, np.zeros(5), 2, train=True, device="cpu", chunk=0)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """torchext.profiling: which GPU kernels are torchext's, the totals from synthetic profiler events, the CPU path
 (nothing to measure: share None and a reason, no crash), and on a GPU a real measurement."""
 
+import glob
+import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -11,12 +14,15 @@ from torch.autograd.profiler_util import FunctionEvent
 
 import torchext
 from torchext.profiling import (
+    FAMILY_LABELS,
+    KERNEL_FAMILIES,
     DeviceEvent,
     GpuTimeProfiler,
     describe,
     device_events,
     gpu_time_share,
     is_torchext_kernel,
+    kernel_family,
     short_kernel_name,
     summarize,
 )
@@ -219,6 +225,10 @@ def test_gpu_time_share_on_cuda():
     names = [k["full_name"] for k in r["by_kernel"] if k["torchext"]]
     assert any("unary_kernel" in n for n in names), names
     assert all(is_torchext_kernel(n) for n in names)
+    fam = r["by_family"]
+    assert sum(v["us"] for v in fam.values()) == pytest.approx(r["total_us"]), fam
+    assert fam["elementwise"]["torchext_us"] > 0 and fam["gemm"]["torchext_us"] > 0, "relu's and linear's kernels"
+    assert fam["elementwise"]["us"] > fam["elementwise"]["torchext_us"], "the stock add is elementwise too"
     with GpuTimeProfiler() as p:
         step()
     assert p.result["share"] is not None and p.result["share"] > 0
@@ -232,3 +242,156 @@ def test_stock_lambda_kernels_are_counted():
     r = gpu_time_share(lambda: torch.relu(x), steps=2, warmup=1, top=50)
     assert r["events"] >= 2 and r["total_us"] > 0, r
     assert any("#" in k["full_name"] for k in r["by_kernel"]), [k["full_name"] for k in r["by_kernel"]]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Op families of kernel names
+
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "results", "cifar10")
+
+
+def committed_kernels() -> dict:
+    """{(name, kind): us} of every kernel row in the committed comparison runs (both models' profiler tables):
+    the names torch 2.11's profiler reported for ATen, cuDNN, cuBLAS, inductor's Triton kernels and torchext."""
+    rows: dict = {}
+    for path in glob.glob(os.path.join(RESULTS, "**", "results.json"), recursive=True):
+        with open(path) as f:
+            results = json.load(f)
+        for key in ("stock_gpu_time", "gpu_time_share"):
+            profile = results.get(key)
+            for row in profile.get("by_kernel", []) if isinstance(profile, dict) else []:
+                rows[(row["full_name"], row["kind"])] = rows.get((row["full_name"], row["kind"]), 0.0) + row["us"]
+    return rows
+
+
+# (part of a real kernel's short name, lowercased; its family): every committed kernel holding the part must be
+# sorted into the family, and at least one must hold it.
+REAL_NAMES = [
+    ("batch_norm_collect_statistics_channels_last_kernel", "batch_norm"),
+    ("batch_norm_backward_elemt", "batch_norm"),
+    ("cudnn::bn_bw_1c11_kernel_new", "batch_norm"),
+    ("cudnn::bn_fw_tr_1c11_kernel_nchw", "batch_norm"),
+    ("unrolled_elementwise_kernel_for_multi_outputs<3, at::native::batch_norm_update_stats_and_invert", "batch_norm"),
+    ("triton_poi_fused__native_batch_norm_legit_functional_add_relu", "batch_norm"),
+    ("triton_red_fused_native_batch_norm_backward", "batch_norm"),
+    ("sm90_xmma_fprop_implicit_gemm", "conv"),
+    ("sm90_xmma_dgrad_implicit_gemm", "conv"),
+    ("sm90_xmma_wgrad_indexed_implicit_gemm", "conv"),
+    ("cask_plugin__5x_cudnn::xmma__5x_cudnn::init_device_workspace_kernel", "conv"),
+    ("cudnn::engines_precompiled::nchwtonhwckernel", "conv"),
+    ("nhwcaddpaddingkernel", "conv"),
+    ("wgrad_alg0_engine", "conv"),
+    ("cutlass__5x_cudnn", "conv"),
+    ("torchext::cuda_ops::conv2d_fprop_kernel", "conv"),
+    ("torchext::cuda_ops::conv2d_wgrad_kernel", "conv"),
+    ("torchext::cuda_ops::conv2d_wgrad_reduce_kernel", "conv"),
+    ("triton_red_fused_convolution_backward", "conv"),
+    ("max_pool_forward_nchw", "pool"),
+    ("max_pool_backward_nchw", "pool"),
+    ("triton_poi_fused_max_pool2d_with_indices", "pool"),
+    ("launch_clamp_scalar", "elementwise"),
+    ("threshold_kernel_impl", "elementwise"),
+    ("cudafunctor_add<c10::bfloat16>", "elementwise"),
+    ("masked_fill_kernel", "elementwise"),
+    ("fused_dropout_kernel", "elementwise"),
+    ("torchext::cuda_ops::unary_kernel", "elementwise"),
+    ("torchext::cuda_ops::binary_kernel", "elementwise"),
+    ("triton_poi_fused_add_relu_backward", "elementwise"),
+    ("sgemm_largek_lds64", "gemm"),
+    ("sm80_xmma_gemm_f32f32", "gemm"),
+    ("cutlass::kernel2<cutlass_80_", "gemm"),
+    ("cublaslt::splitkreduce_kernel", "gemm"),
+    ("cublaslt::epilogue::impl::globalkernel", "gemm"),
+    ("scal_kernel<float", "gemm"),
+    ("torchext::cuda_ops::matmul_v", "gemm"),
+    ("torchext::cuda_ops::split_k_reduce_kernel", "gemm"),
+    ("torchext::cuda_ops::linear_backward_epilogue_kernel", "gemm"),
+    ("nll_loss_forward_reduce_cuda_kernel_2d", "loss"),
+    ("nll_loss_backward_reduce_cuda_kernel_2d", "loss"),
+    ("softmax_warp_forward", "loss"),
+    ("torchext::cuda_ops::cross_entropy_", "loss"),
+    ("fusedsgdmathfunctor", "optimizer"),
+    ("at::native::multi_tensor_apply_kernel", "optimizer"),
+    ("direct_copy_kernel_cuda", "copy"),
+    ("bfloat16_copy_kernel_cuda", "copy"),
+    ("fillfunctor<int>", "copy"),
+    ("triton_poi_fused__to_copy", "copy"),
+    ("memset (device)", "copy"),
+    ("memcpy dtoh", "copy"),
+    ("at::native::reduce_kernel<", "other"),
+]
+
+
+@pytest.mark.parametrize("part,family", REAL_NAMES, ids=[p[:40] for p, _ in REAL_NAMES])
+def test_kernel_family_of_real_kernel_names(part, family):
+    names = [(n, k) for n, k in committed_kernels() if part in short_kernel_name(n).lower()]
+    assert names, f"no committed kernel name holds {part!r}"
+    for name, kind in names:
+        assert kernel_family(name, kind) == family, f"[{name}] is {kernel_family(name, kind)}, not {family}"
+
+
+NS = "void torchext::cuda_ops::(anonymous namespace)::"
+
+
+@pytest.mark.parametrize(
+    "name,family",
+    [
+        (RELU, "elementwise"),
+        (RELU_MANGLED, "elementwise"),
+        (WGMMA, "gemm"),
+        (CE_FINALIZE, "loss"),
+        (CUTLASS, "gemm"),
+        # torchext's op families to come: their kernels are named after their op.
+        (NS + "batch_norm_forward_kernel<__nv_bfloat16, float, 4>(__nv_bfloat16 const*, float*, long)", "batch_norm"),
+        (NS + "batch_norm_backward_reduce_kernel<float>(float const*)", "batch_norm"),
+        (NS + "max_pool2d_forward_kernel<float>(float const*, float*, long*)", "pool"),
+        (NS + "max_pool2d_backward_kernel<c10::BFloat16>(long const*)", "pool"),
+        (NS + "avg_pool2d_forward_kernel<float>(float const*, float*)", "pool"),
+        (NS + "adaptive_avg_pool2d_backward_kernel<float>(float const*)", "pool"),
+        (
+            NS + "conv2d_dgrad_kernel<__nv_bfloat16, torchext::cuda_ops::(anonymous namespace)::ConvTile<128, 64> >()",
+            "conv",
+        ),
+        (NS + "im2col_kernel<float>(float const*, float*)", "conv"),
+        (NS + "softmax_rows_kernel<float>(float const*, float*)", "loss"),
+        (NS + "transpose_copy_kernel<float>(float const*, float*)", "gemm"),
+    ],
+)
+def test_kernel_family_of_torchext_names(name, family):
+    assert kernel_family(name) == family, name
+
+
+def test_memcpy_and_memset_activities_are_copies():
+    assert kernel_family("Memcpy HtoD (Pageable -> Device)", "memcpy") == "copy"
+    assert kernel_family("Memset (Device)", "memset") == "copy"
+
+
+def test_committed_kernels_are_nearly_all_classified():
+    """Over every committed profiler table, 'other' holds under 1% of the GPU time, and no torchext kernel."""
+    rows = committed_kernels()
+    total = sum(rows.values())
+    other = sum(us for (name, kind), us in rows.items() if kernel_family(name, kind) == "other")
+    assert total > 0 and other / total < 0.01, f"{100 * other / total:.2f}% of the GPU time is 'other'"
+    stray = [n for n, k in rows if is_torchext_kernel(n) and kernel_family(n, k) == "other"]
+    assert not stray, stray
+    assert set(KERNEL_FAMILIES) == set(FAMILY_LABELS)
+
+
+def test_summarize_splits_time_by_family():
+    events = [
+        DeviceEvent(RELU, "kernel", 3.0),
+        DeviceEvent(RELU, "kernel", 3.0),
+        DeviceEvent(WGMMA, "kernel", 10.0),
+        DeviceEvent(ATEN_ADD, "kernel", 8.0),
+        DeviceEvent(CUDNN, "kernel", 12.0),
+        DeviceEvent("Memcpy HtoD (Pageable -> Device)", "memcpy", 4.0),
+    ]
+    r = summarize(events, top=2)
+    fam = r["by_family"]
+    assert list(fam) == list(KERNEL_FAMILIES), "every family, in order, zeros included"
+    assert fam["elementwise"] == {"us": 14.0, "torchext_us": 6.0}, "ReLU (torchext) and the add (ATen)"
+    assert fam["gemm"] == {"us": 10.0, "torchext_us": 10.0}
+    assert fam["conv"] == {"us": 12.0, "torchext_us": 0.0} and fam["copy"] == {"us": 4.0, "torchext_us": 0.0}
+    assert sum(v["us"] for v in fam.values()) == r["total_us"], "over every event, not only the top 2"
+    assert sum(v["torchext_us"] for v in fam.values()) == r["torchext_us"]
+    assert [k["family"] for k in r["by_kernel"]] == ["conv", "gemm"]

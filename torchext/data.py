@@ -522,8 +522,14 @@ class GPULoader:
     copied to the device once. Each ``iter()`` is one epoch: epoch e (0, 1, ... counted by ``epoch``; ``set_epoch``
     picks the next one) draws its order and augmentation from a ``torch.Generator`` seeded with (seed, e), on the
     CPU, so equal seeds give identical batches on any device. ``train=True`` shuffles and augments (a random HxW
-    crop of the image zero-padded by ``pad`` pixels, then a random horizontal flip if ``flip``), all as one gather
-    on the device per batch; ``train=False`` keeps the order and the images. ``drop_last`` defaults to ``train``.
+    crop of the image zero-padded by ``pad`` pixels, then a random horizontal flip if ``flip``); ``train=False`` keeps
+    the order and the images. ``drop_last`` defaults to ``train``.
+
+    The work is done ``chunk`` batches at a time: one gather (crop and flip included) and one normalization on the
+    device for ``chunk`` batches, which are then yielded as views of that block (a batch keeps its block alive). A
+    training loop then pays the loader's host cost (a dozen tensor ops) once per ``chunk`` steps instead of every
+    step, for ``chunk`` batches of device memory; the values are the same for every ``chunk`` (elementwise work,
+    done per element alike).
     """
 
     def __init__(
@@ -542,6 +548,7 @@ class GPULoader:
         std: Sequence[float] = CIFAR10_STD,
         pad: int = 4,
         flip: bool = True,
+        chunk: int = 8,
     ) -> None:
         x = torch.as_tensor(x_uint8)
         y = torch.as_tensor(y)
@@ -553,12 +560,15 @@ class GPULoader:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if pad < 0:
             raise ValueError(f"pad must be >= 0, got {pad}")
+        if chunk < 1:
+            raise ValueError(f"chunk must be >= 1 (batches prepared at once), got {chunk}")
         self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         self.batch_size = batch_size
         self.train = train
         self.seed = seed
         self.channels_last = channels_last
         self.dtype = dtype
+        self.chunk = chunk
         self.drop_last = train if drop_last is None else drop_last
         self.num_samples, self.height, self.width = x.shape[0], x.shape[1], x.shape[2]
         self.pad = pad if train else 0
@@ -610,24 +620,29 @@ class GPULoader:
             cols = torch.arange(self.width, device=self.device)
             dy, dx = plan.dy.to(self.device), plan.dx.to(self.device)
             flip = plan.flip.to(self.device)
-        for b in range(len(self)):
-            k = slice(b * self.batch_size, min((b + 1) * self.batch_size, self.num_samples))
+        used = len(self) * self.batch_size if self.drop_last else self.num_samples
+        for start in range(0, used, self.chunk * self.batch_size):
+            k = slice(start, min(start + self.chunk * self.batch_size, used))  # whole batches, the last maybe short
             idx = order[k]
             if self.augment:
-                r = rows[None, :] + dy[k, None]  # (B, H): rows of the padded image
-                c = torch.where(flip[k, None], cols.flip(0)[None, :], cols[None, :]) + dx[k, None]  # (B, W)
-                xb = self._x[idx[:, None, None], r[:, :, None], c[:, None, :]]  # (B, H, W, 3)
+                r = rows[None, :] + dy[k, None]  # (n, H): rows of the padded image
+                c = torch.where(flip[k, None], cols.flip(0)[None, :], cols[None, :]) + dx[k, None]  # (n, W)
+                xs = self._x[idx[:, None, None], r[:, :, None], c[:, None, :]]  # (n, H, W, 3)
             else:
-                xb = self._x[idx]
-            yield self._normalize(xb), self._y[idx]
+                xs = self._x[idx]
+            xs, ys = self._normalize(xs), self._y[idx]
+            for b in range(0, xs.shape[0], self.batch_size):
+                yield xs[b : b + self.batch_size], ys[b : b + self.batch_size]
 
-    def _normalize(self, xb: Tensor) -> Tensor:
-        out = (xb.to(torch.float32) * self._scale + self._shift).to(self.dtype).permute(0, 3, 1, 2)
+    def _normalize(self, xs: Tensor) -> Tensor:
+        out = xs.to(torch.float32)
+        out.mul_(self._scale).add_(self._shift)  # in place: one float copy of the block at a time
+        out = out.to(self.dtype).permute(0, 3, 1, 2)
         return out.contiguous(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
 
     def __repr__(self) -> str:
         return (
             f"GPULoader({self.num_samples} samples, batch_size={self.batch_size}, train={self.train}, "
             f"device={self.device}, seed={self.seed}, augment={self.augment}, dtype={self.dtype}, "
-            f"channels_last={self.channels_last}, drop_last={self.drop_last})"
+            f"channels_last={self.channels_last}, drop_last={self.drop_last}, chunk={self.chunk})"
         )

@@ -18,14 +18,19 @@ cuda_ops/ lives in ``torchext::cuda_ops``, and Kineto reports demangled names, e
 name (``_ZN8torchext...``) is demangled first. Work that torchext's ops hand to ATen (a ``.contiguous()`` copy of
 an input) and memsets count as stock.
 
+The result also splits the GPU time by op family (``by_family``: {family: {"us", "torchext_us"}} over every
+activity, not only the top ones): ``kernel_family(name)`` sorts a kernel into one of ``KERNEL_FAMILIES`` by its name,
+for torch's ATen kernels, cuDNN's and cuBLAS's, inductor's fused Triton kernels and torchext's own (whose kernels are
+named after their op: ``conv2d_*``, ``batch_norm_*``, ``max_pool2d_*``, ...).
+
 Where there is nothing to measure (a CPU device, no CUDA, a torch without CUPTI support, no GPU activity
 recorded) the result has ``share`` None and ``reason`` saying why; nothing raises.
 """
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable
-from typing import Any, Callable, NamedTuple, Optional, Union
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
 import torch
 
@@ -38,6 +43,9 @@ __all__ = [
     "device_events",
     "summarize",
     "describe",
+    "KERNEL_FAMILIES",
+    "FAMILY_LABELS",
+    "kernel_family",
 ]
 
 _ACTIVITY_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
@@ -104,7 +112,90 @@ def short_kernel_name(name: str) -> str:
     return s[cut:].strip() or name
 
 
-def _event_kind(event: Any) -> Optional[str]:
+KERNEL_FAMILIES = (
+    "conv",
+    "batch_norm",
+    "pool",
+    "elementwise",
+    "gemm",
+    "loss",
+    "optimizer",
+    "copy",
+    "other",
+)
+FAMILY_LABELS = {
+    "conv": "convolution",
+    "batch_norm": "batch norm",
+    "pool": "pooling",
+    "elementwise": "elementwise and activations",
+    "gemm": "GEMM and Linear",
+    "loss": "loss and softmax",
+    "optimizer": "optimizer",
+    "copy": "copies, casts and fills",
+    "other": "other (reductions, indexing, ...)",
+}
+
+# (family, pattern) tried in order on the lowercased short name (template arguments kept: they name the functor of
+# ATen's generic kernels, e.g. multi_tensor_apply_kernel<..., FusedSgdMathFunctor> or
+# unrolled_elementwise_kernel<direct_copy_kernel_cuda...>). The order settles names that match several families:
+# a batch-norm statistics update run by an elementwise kernel is batch norm; cuDNN's kernels are convolutions unless
+# they are its batch-norm kernels (bn_fw_*, bn_bw_*); an inductor kernel fusing several ops (triton_poi_fused_
+# native_batch_norm_..._relu_3) goes to the first family its name mentions in this order.
+_FAMILY_RULES = [
+    ("optimizer", r"multi_tensor_apply|fused_?(?:sgd|adam)|_foreach_|non_finite_check_and_unscale|amp_update_scale"),
+    ("batch_norm", r"batch_?norm|(?<![a-z0-9])bn_(?:fw|bw)"),
+    ("pool", r"(?:max|avg)_?pool|adaptive_(?:avg|max)|pool(?:ing|[123]d)"),
+    ("loss", r"cross_?entropy|nll_?loss|softmax|loss|label_smooth|mse_|binary_cross|margin"),
+]
+# torchext's kernels whose names do not say their op (helpers of one op's files in cuda_ops/), by file.
+_TORCHEXT_RULES = [
+    (
+        "conv",
+        r"::(?:im2col|col2im|accumulate|dy_copy|nchw_epilogue|store_weight|reduce_(?:channels|rows)_fast|finalize)"
+        r"_kernel",
+    ),
+    ("gemm", r"::(?:matmul_\w*|split_k_reduce|linear_\w*|transpose_copy)_kernel"),
+    ("elementwise", r"::(?:unary|binary)_kernel"),
+]
+_GENERIC_RULES = [
+    ("conv", r"conv(?!ert)|fprop|dgrad|wgrad|im2col|col2im|cudnn|cask_|winograd|nchwtonhwc|nhwctonchw"),
+    (
+        "gemm",
+        r"gemm|gemv|cublas|cutlass|matmul|wmma|mma_sync|splitkreduce|split_k|(?<![a-z0-9])scal_kernel|addmm"
+        r"|(?<![a-z0-9])b?mm(?![a-z0-9])|linear",
+    ),
+    ("copy", r"copy|memcpy|memset|(?<!masked_)fill|catarray"),
+    (
+        "elementwise",
+        r"elementwise|relu|gelu|silu|sigmoid|tanh|threshold|clamp|dropout|where|masked|(?<![a-z0-9])(?:add|mul|div"
+        r"|neg|sqrt|rsqrt|exp|log|pow|abs|sub)(?![a-z0-9])",
+    ),
+]
+_FAMILY_PATTERNS = [(f, re.compile(p)) for f, p in _FAMILY_RULES]
+_TORCHEXT_PATTERNS = [(f, re.compile(p)) for f, p in _TORCHEXT_RULES]
+_GENERIC_PATTERNS = [(f, re.compile(p)) for f, p in _GENERIC_RULES]
+
+
+def kernel_family(name: str, kind: str = "kernel") -> str:
+    """The op family (one of ``KERNEL_FAMILIES``) of a GPU activity, from its name (demangled or mangled) and kind
+    ('kernel', 'memcpy' or 'memset': the last two are copies)."""
+    if kind in ("memcpy", "memset"):
+        return "copy"
+    short = short_kernel_name(name).lower()
+    for family, pattern in _FAMILY_PATTERNS:
+        if pattern.search(short):
+            return family
+    if is_torchext_kernel(name):
+        for family, pattern in _TORCHEXT_PATTERNS:
+            if pattern.search(short):
+                return family
+    for family, pattern in _GENERIC_PATTERNS:
+        if pattern.search(short):
+            return family
+    return "other"
+
+
+def _event_kind(event: Any) -> str | None:
     if getattr(event, "is_user_annotation", False):
         return None  # a range such as ProfilerStep#3 or Optimizer.step#SGD.step: it spans kernels counted already
     activity = getattr(event, "activity_type", None)
@@ -128,7 +219,7 @@ def _is_annotation_name(name: str) -> bool:
     return "#" in name and not any(c in name for c in "(<{ ")
 
 
-def device_events(events: Iterable[Any], device: Union[str, torch.device, None] = None) -> list[DeviceEvent]:
+def device_events(events: Iterable[Any], device: str | torch.device | None = None) -> list[DeviceEvent]:
     """The GPU activities among torch.profiler's events (``prof.events()``: FunctionEvents, or anything with
     ``name``, ``device_type``, ``activity_type``, ``device_index`` and ``time_range``); with a device that has an
     index, only that device's."""
@@ -152,19 +243,19 @@ def summarize(events: Iterable[DeviceEvent], top: int = 10) -> dict[str, Any]:
     events = list(events)
     total = sum(e.us for e in events)
     by_kind: dict[str, float] = defaultdict(float)
+    by_family = {family: {"us": 0.0, "torchext_us": 0.0} for family in KERNEL_FAMILIES}
     per_name: dict[str, dict[str, Any]] = {}
     torchext_us = 0.0
     for e in events:
         by_kind[e.kind] += e.us
-        ours = e.kind == "kernel" and is_torchext_kernel(e.name)
-        if ours:
-            torchext_us += e.us
         if e.name not in per_name:
+            ours = e.kind == "kernel" and is_torchext_kernel(e.name)
             short = short_kernel_name(e.name) if e.kind == "kernel" else e.name
             per_name[e.name] = {
                 "name": short,
                 "full_name": e.name,
                 "kind": e.kind,
+                "family": kernel_family(e.name, e.kind),
                 "torchext": ours,
                 "calls": 0,
                 "us": 0.0,
@@ -172,6 +263,10 @@ def summarize(events: Iterable[DeviceEvent], top: int = 10) -> dict[str, Any]:
         row = per_name[e.name]
         row["calls"] += 1
         row["us"] += e.us
+        by_family[row["family"]]["us"] += e.us
+        if row["torchext"]:
+            torchext_us += e.us
+            by_family[row["family"]]["torchext_us"] += e.us
     rows = sorted(per_name.values(), key=lambda r: r["us"], reverse=True)[: max(0, top)]
     for row in rows:
         row["share"] = row["us"] / total if total > 0 else None
@@ -183,19 +278,20 @@ def summarize(events: Iterable[DeviceEvent], top: int = 10) -> dict[str, Any]:
         "torchext_us": torchext_us,
         "share": torchext_us / total if total > 0 else None,
         "by_kind": dict(by_kind),
+        "by_family": by_family,
         "events": len(events),
         "by_kernel": rows,
         "reason": reason,
     }
 
 
-def _resolve_device(device: Union[str, torch.device, None]) -> torch.device:
+def _resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
 
 
-def _unavailable_reason(device: torch.device) -> Optional[str]:
+def _unavailable_reason(device: torch.device) -> str | None:
     if device.type != "cuda":
         return f"device is {device.type!r}: torchext's share of GPU time is measured on CUDA devices only"
     if not torch.cuda.is_available():
@@ -212,6 +308,7 @@ def _empty(device: torch.device, reason: str) -> dict[str, Any]:
         "torchext_us": 0.0,
         "share": None,
         "by_kind": {},
+        "by_family": {},
         "events": 0,
         "by_kernel": [],
         "reason": reason,
@@ -223,12 +320,12 @@ class GpuTimeProfiler:
     without ``steps``) is set on exit. Waits for the device on entry (earlier work is not counted) and on exit.
     Where nothing can be measured the body still runs and ``result`` has ``share`` None and a ``reason``."""
 
-    def __init__(self, device: Union[str, torch.device, None] = None, top: int = 10) -> None:
+    def __init__(self, device: str | torch.device | None = None, top: int = 10) -> None:
         self.device = _resolve_device(device)
         self.top = top
-        self.result: Optional[dict[str, Any]] = None
+        self.result: dict[str, Any] | None = None
         self._prof = None
-        self._reason: Optional[str] = None
+        self._reason: str | None = None
 
     def __enter__(self) -> "GpuTimeProfiler":
         self.result = None
@@ -267,7 +364,7 @@ def gpu_time_share(
     *args: Any,
     steps: int = 5,
     warmup: int = 2,
-    device: Union[str, torch.device, None] = None,
+    device: str | torch.device | None = None,
     top: int = 10,
     **kwargs: Any,
 ) -> dict[str, Any]:
