@@ -69,6 +69,10 @@ def _params(c, device, dtype, param_dtype=None, affine=True):
     return w, b, rm, rv
 
 
+def _copy(t):
+    return None if t is None else t.clone()
+
+
 def torch_batch_norm(kind, x, residual, w, b, rm, rv, training, momentum=0.1, eps=1e-5):
     """The pure-PyTorch reference of the family (also benchmarks/bench_batch_norm.py's eager and compiled baseline):
     kind 'plain' is F.batch_norm, 'relu' relu(F.batch_norm), 'add_relu' relu(F.batch_norm + residual)."""
@@ -111,7 +115,9 @@ def test_forward_matches_torch(case, device, dtype):
         ref_rm, ref_rv = _f64(rm), _f64(rv)
         ref = torch_batch_norm(kind, _f64(x), _f64(residual), _f64(w), _f64(b), ref_rm, ref_rv, training)
         theirs_rm, theirs_rv = rm.clone(), rv.clone()
-        theirs = torch_batch_norm(kind, x, residual, w, b, theirs_rm, theirs_rv, training)
+        # torch's own result from a fresh (aligned) copy: cuDNN's fp16 training kernel (bn_fw_tr_1C11_singleread_spec)
+        # reads a storage-offset input with misaligned half2 loads and faults (compute-sanitizer, H100, cuDNN 9.19).
+        theirs = torch_batch_norm(kind, _copy(x), _copy(residual), w, b, theirs_rm, theirs_rv, training)
         poison_allocator(device, x)
         out = _ours(kind, x, residual, w, b, rm, rv, training)
         what = f"{kind} {case[0]} {dtype}"
