@@ -106,8 +106,7 @@ def main(argv=None):
     device = "cuda"
     env = environment(device)
     writer = CsvWriter(args.out, env)
-    compiled = None if args.no_compile else torch.compile(torch_batch_norm, dynamic=False)
-    providers = ["eager"] + ([] if compiled is None else ["compile"]) + ["torchext"]
+    providers = ["eager"] + ([] if args.no_compile else ["compile"]) + ["torchext"]
     variants = [v for v in args.variants.split(",") if v]
     providers += [f"torchext-{v}" for v in variants]
     shapes = [parse_shape(s, args.batch) for s in args.shapes.split(",")]
@@ -125,6 +124,12 @@ def main(argv=None):
     print(header)
     print("|" + "---|" * (len(providers) + 6))
     for op, shape, dtype in runs:
+        # A fresh compiled function per run: one shared function recompiles for every shape, op and grad mode and
+        # hits dynamo's recompile limit (8), after which it silently runs eagerly.
+        compiled = None
+        if not args.no_compile:
+            torch._dynamo.reset()
+            compiled = torch.compile(torch_batch_norm, dynamic=False)
         prob = Problem(op, shape, dtype)
         dname = str(dtype).replace("torch.", "")
         fwd = {
