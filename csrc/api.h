@@ -20,6 +20,14 @@ inline void check_defined(const char* op, const char* name, const at::Tensor& t)
                    "` must be a defined Tensor, got an undefined one");
 }
 
+// A shape as Python prints tuple(t.shape), "(4, 6)" or "(4,)": the messages the wrappers share with torchext/ops/*.py
+// read the same from both languages.
+inline std::string python_shape(at::IntArrayRef sizes) {
+  std::string out = "(";
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + (sizes.size() == 1 ? ",)" : ")");
+}
+
 // The schema's name of a torch::nn options' reduction (torch::kNone / kMean / kSum): "none", "mean", "sum".
 template <typename Variant>
 std::string reduction_name(const Variant& reduction) {

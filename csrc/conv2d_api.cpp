@@ -30,6 +30,13 @@ torch::nn::functional::PadFuncOptions::mode_t pad_mode(const torch::nn::detail::
   return torch::kCircular;
 }
 
+// int[2] arguments given as one value, expanded to both dimensions as Python's argument parsing does for the schema
+// (so that the kernels' messages quote the same two values from both languages); any other length goes to the
+// kernel's check as it is.
+std::vector<int64_t> pair(at::IntArrayRef values) {
+  return values.size() == 1 ? std::vector<int64_t>{values[0], values[0]} : values.vec();
+}
+
 }  // namespace
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const OptionalTensor& bias, at::IntArrayRef stride,
@@ -38,7 +45,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const OptionalTensor& b
   static const auto op = find_op<Conv2dSignature>("torchext::conv2d");
   check_defined("conv2d", "input", input);
   check_defined("conv2d", "weight", weight);
-  return op.call(input, weight, bias, stride, padding, dilation, groups, activation, kernel);
+  return op.call(input, weight, bias, pair(stride), pair(padding), pair(dilation), groups, activation, kernel);
 }
 
 std::tuple<Tensor, Tensor, Tensor> conv2d_stats(const Tensor& input, const Tensor& weight, const OptionalTensor& bias,
@@ -48,7 +55,7 @@ std::tuple<Tensor, Tensor, Tensor> conv2d_stats(const Tensor& input, const Tenso
   static const auto op = find_op<Conv2dStatsSignature>("torchext::conv2d_stats");
   check_defined("conv2d_stats", "input", input);
   check_defined("conv2d_stats", "weight", weight);
-  return op.call(input, weight, bias, stride, padding, dilation, groups, kernel);
+  return op.call(input, weight, bias, pair(stride), pair(padding), pair(dilation), groups, kernel);
 }
 
 namespace nn {

@@ -32,7 +32,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const OptionalTe
   if (input.dim() == 1) {
     TORCH_CHECK_VALUE(target.dim() == 0,
                       "torchext.ops.cross_entropy: for 1-D `input` (C,), `target` must be 0-dim, got shape ",
-                      target.sizes());
+                      python_shape(target.sizes()));
     const Tensor loss = loss_of(input.unsqueeze(0), target.reshape({1}));
     return reduction == "none" ? loss.reshape({}) : loss;
   }
@@ -40,8 +40,8 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const OptionalTe
   std::vector<int64_t> expected{input.size(0)};
   for (int64_t d = 2; d < input.dim(); ++d) expected.push_back(input.size(d));
   TORCH_CHECK_VALUE(target.sizes() == at::IntArrayRef(expected),
-                    "torchext.ops.cross_entropy: `target` must have shape ", at::IntArrayRef(expected),
-                    " for `input` of shape ", input.sizes(), ", got ", target.sizes());
+                    "torchext.ops.cross_entropy: `target` must have shape ", python_shape(expected),
+                    " for `input` of shape ", python_shape(input.sizes()), ", got ", python_shape(target.sizes()));
   const Tensor loss = loss_of(input.movedim(1, -1).reshape({-1, input.size(1)}), target.reshape({-1}));
   return reduction == "none" ? loss.reshape(target.sizes()) : loss;
 }

@@ -29,14 +29,14 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, const OptionalTensor&
              "size.");
   const bool has_weight = weight.has_value() && weight->defined();
   TORCH_CHECK_VALUE(!has_weight || weight->sizes() == input.sizes(),
-                    "torchext mse_loss(): `weight` must have the input's size ", input.sizes(), ", got ",
-                    weight->sizes());
+                    "torchext mse_loss(): `weight` must have the input's size ", python_shape(input.sizes()), ", got ",
+                    python_shape(weight->sizes()));
   std::vector<Tensor> broadcast;
   try {
     broadcast = at::broadcast_tensors({input, target});
   } catch (const c10::Error&) {
-    TORCH_CHECK(false, "torchext mse_loss(): `target` of shape ", target.sizes(),
-                " does not broadcast against `input` of shape ", input.sizes());
+    TORCH_CHECK(false, "torchext mse_loss(): `target` of shape ", python_shape(target.sizes()),
+                " does not broadcast against `input` of shape ", python_shape(input.sizes()));
   }
   const Tensor x = broadcast[0].contiguous(), y = broadcast[1].contiguous();
   if (!has_weight) return op.call(x, y, std::nullopt, reduction);

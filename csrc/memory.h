@@ -49,6 +49,12 @@ double time_loop(const std::vector<int64_t>& sizes, int64_t live, int64_t rounds
   return ns / static_cast<double>(rounds * static_cast<int64_t>(sizes.size()));
 }
 
+// enable_pool's check of its argument, made first in every build.
+inline void check_pool_kind(const std::string& kind) {
+  TORCH_CHECK_VALUE(kind == "best_fit" || kind == "pow2",
+                    "torchext.memory.enable_pool: `kind` must be 'best_fit' or 'pow2', got '", kind, "'");
+}
+
 // enable_pool and enabled_kind are the public API's (csrc/include/torchext/memory.h): defined in memory_cuda.cpp, and
 // in memory_api.cpp for CPU-only builds. Everything below is defined in memory_cuda.cpp and exists only in CUDA builds.
 

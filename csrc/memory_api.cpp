@@ -27,7 +27,7 @@ Pool& pool_of(const char* function, int64_t device) {
 
 #ifndef TORCHEXT_WITH_CUDA
 void enable_pool(const std::string& kind) {
-  (void)kind;
+  check_pool_kind(kind);
   TORCH_CHECK(false, "torchext.memory.enable_pool needs a torchext build with CUDA; this one has none");
 }
 
