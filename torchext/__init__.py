@@ -18,13 +18,23 @@ _C = load_library()
 # For CMake's find_package(torchext), as torch.utils.cmake_prefix_path is for find_package(Torch).
 cmake_prefix_path = CMAKE_PREFIX_PATH
 
-from . import data, functional, graphs, memory, models, nn, ops, profiling, swap  # noqa: E402
+from . import functional, graphs, memory, models, nn, ops, profiling, swap  # noqa: E402
 from .nn import Linear  # noqa: E402
 from .ops import matmul  # noqa: E402
 from .swap import swap_modules  # noqa: E402
 from .compile import compile_mode, set_compile_mode  # noqa: E402
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``torchext.data`` is imported on first use: ``python -m torchext.data`` then runs it once, as __main__, rather
+    than a second copy beside the one the package imported."""
+    if name == "data":
+        import importlib
+
+        return importlib.import_module(".data", __name__)
+    raise AttributeError(f"module 'torchext' has no attribute {name!r}")
 __all__ = [
     "ops",
     "functional",
