@@ -35,6 +35,8 @@ def __getattr__(name: str):
 
         return importlib.import_module(".data", __name__)
     raise AttributeError(f"module 'torchext' has no attribute {name!r}")
+
+
 __all__ = [
     "ops",
     "functional",

@@ -2,6 +2,7 @@
 // the CPU and (where a GPU is visible) CUDA; double backward through the C++ API; and a check that every torchext
 // schema in the dispatcher has a C++ API function (a row of kOpChecks below), so that a new op family cannot be
 // left out of the C++ API.
+#include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <functional>
@@ -410,6 +411,29 @@ TEST(Autograd, RequiresGradAndNoGrad) {
   torch::NoGradGuard no_grad;
   EXPECT_FALSE(torchext::matmul(x, w.t()).requires_grad());
   EXPECT_FALSE(torchext::relu(x).requires_grad());
+}
+
+// The autocast rules are the library's (csrc/autocast.cpp), so they hold for C++ callers: under CPU autocast every op
+// runs in float32 (the CPU kernels are float32 / float64), float64 stays float64.
+TEST(Autocast, CpuRulesHoldForCppCallers) {
+  struct AutocastCpu {
+    AutocastCpu() {
+      at::autocast::set_autocast_enabled(at::kCPU, true);
+      at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    }
+    ~AutocastCpu() {
+      at::autocast::set_autocast_enabled(at::kCPU, false);
+      at::autocast::clear_cache();
+    }
+  } autocast;
+  const Tensor x = torch::randn({4, 6}, torch::kBFloat16), w = torch::randn({3, 6}, torch::kBFloat16);
+  EXPECT_EQ(torchext::relu(x).scalar_type(), at::kFloat);
+  EXPECT_EQ(torchext::softmax(x).scalar_type(), at::kFloat);
+  EXPECT_EQ(torchext::linear(x, w, std::nullopt, "gelu").scalar_type(), at::kFloat);
+  EXPECT_EQ(torchext::matmul(x, w.t()).scalar_type(), at::kFloat);
+  EXPECT_EQ(torchext::cross_entropy(x, torch::tensor({0, 1, 2, 3})).scalar_type(), at::kFloat);
+  EXPECT_EQ(torchext::relu(x.to(at::kDouble)).scalar_type(), at::kDouble);
+  expect_close(torchext::gelu(x), at::gelu(x.to(at::kFloat)), "gelu under CPU autocast", 1e-6, 1e-6);
 }
 
 TEST(Library, VersionAndBuild) {

@@ -1,4 +1,8 @@
-"""Helpers shared by the op wrappers: output metadata for fake kernels and the autocast rules."""
+"""Helpers shared by the op wrappers: output metadata for fake kernels, argument errors, and autocast rules in Python.
+
+Every op of torchext 0.1 has its autocast rules in C++ (csrc/autocast.cpp, csrc/autograd.cpp), so that LibTorch
+programs get them too; autocast_to_float32 and autocast_cpu_to_float32 remain for rules that a family still writes in
+Python (csrc/autocast.h does the same in one C++ line per op)."""
 
 import torch
 

@@ -20,7 +20,7 @@ float32 on CUDA uses tf32 tensor cores only where torch allows tf32 for matmul
 
 Autocast rule: under CUDA autocast, floating inputs other than float64 are cast to the autocast dtype (float16 or
 bfloat16), as torch does for matmul and linear (csrc/matmul_autograd.cpp, csrc/autograd.cpp). Under CPU autocast
-they are cast to float32 (the CPU kernels are float32/float64).
+they are cast to float32 (the CPU kernels are float32/float64; csrc/autocast.cpp).
 
 Autograd (C++: csrc/matmul_autograd.cpp for matmul, csrc/autograd.cpp for linear): matmul's backward calls matmul
 (so it is differentiable), linear's the fused linear_backward op.
@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._common import autocast_cpu_to_float32, not_a_tensor
+from ._common import not_a_tensor
 
 __all__ = ["matmul", "matmul_kernel", "linear", "ACTIVATIONS", "MATMUL_KERNELS"]
 
@@ -135,9 +135,5 @@ def _(grad_out, input, weight, out, saved, activation, has_bias, output_mask):
     return grad_input, grad_weight, grad_bias
 
 
-# The autograd of matmul and linear, and their CUDA autocast rules, are C++ (csrc/matmul_autograd.cpp,
-# csrc/autograd.cpp): LibTorch programs get them too.
-
-for _name in ("matmul", "matmul_kernel", "linear"):
-    autocast_cpu_to_float32(f"torchext::{_name}")
-autocast_cpu_to_float32("torchext::linear_backward")
+# The autograd of matmul and linear, and their autocast rules, are C++ (csrc/matmul_autograd.cpp, csrc/autograd.cpp,
+# csrc/autocast.cpp): LibTorch programs get them too.
