@@ -9,7 +9,8 @@
 - A CMake project in a temporary folder, outside the repository, finds torchext through the installed package alone,
   links it and runs an op, also through the dispatcher only under --as-needed (the registrations must survive).
 
-Skipped, with the reason, only where cmake or GoogleTest is missing (.ci/run installs libgtest-dev, and sets
+Skipped, with the reason, only where cmake or GoogleTest is missing (TORCHEXT_GTEST_SOURCE may name GoogleTest's
+sources to build instead; .ci/run installs libgtest-dev, and sets
 TORCHEXT_REQUIRE_CPP_TESTS=1, which makes those a failure), or where torch is a CUDA build and no CUDA toolkit is found
 (LibTorch's CMake package needs one).
 """
@@ -74,6 +75,8 @@ def run(cmd: list[str], timeout: int, **env) -> subprocess.CompletedProcess:
 
 
 def build(source: Path, build_dir: Path, extra: tuple = ()) -> None:
+    if os.environ.get("TORCHEXT_GTEST_SOURCE"):  # GoogleTest's sources, where no libgtest-dev is installed
+        extra = (*extra, f"-DTORCHEXT_GTEST_SOURCE={os.environ['TORCHEXT_GTEST_SOURCE']}")
     configure = run(cmake_command(source, build_dir) + list(extra), timeout=600)
     output = configure.stdout + configure.stderr
     if configure.returncode != 0 and "GTest not found" in output:
