@@ -206,9 +206,13 @@ def make_extensions():
     if sys.platform.startswith("linux"):
         cxx_flags.append("-fopenmp")
         # The soname makes a program that links the library by its path record `libtorchext.so` (found through
-        # its RUNPATH), not the path. $ORIGIN/../../torch/lib: torch's libraries where pip installs both packages
-        # side by side in site-packages (a LibTorch program or Python has usually loaded them already).
-        link_flags += ["-fopenmp", "-Wl,-soname,libtorchext.so", "-Wl,-rpath,$ORIGIN/../../torch/lib"]
+        # its RUNPATH), not the path. The library's own RUNPATH finds torch's libraries (c10_cuda, torch_cuda, ...)
+        # for a LibTorch program that does not link them itself (a linker running --as-needed drops those it calls
+        # nothing in, and a program's RUNPATH does not serve its libraries' dependencies): $ORIGIN/../../torch/lib
+        # where pip installs both packages side by side, else the folder of the torch it is built against (an
+        # in-place or editable build sits outside site-packages; the library loads under that torch only anyway).
+        torch_lib = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "lib")
+        link_flags += ["-fopenmp", "-Wl,-soname,libtorchext.so", f"-Wl,-rpath,$ORIGIN/../../torch/lib:{torch_lib}"]
     include_dirs = [os.path.join(ROOT, "csrc"), os.path.join(ROOT, PUBLIC_HEADERS), os.path.join(ROOT, "cuda_ops")]
 
     if not with_cuda:
