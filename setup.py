@@ -1,4 +1,14 @@
-"""Build script for torchext's compiled module, torchext._C.
+"""Build script for torchext's compiled parts: the op library and the Python module that loads it.
+
+Two shared objects, from one build:
+  torchext/lib/libtorchext.so  the op library (csrc/*.cpp, cuda_ops/*): schemas, CPU and CUDA kernels, C++ autograd,
+                               the C++ API (csrc/include/torchext/), the memory pool. No Python in it: a LibTorch
+                               program links it (docs/cpp.md).
+  torchext/_C.<abi3>.so        the Python extension module (csrc/python/module.cpp): nothing but PyInit__C. It links
+                               libtorchext.so (found next to it through its RUNPATH, $ORIGIN/lib), so importing it
+                               runs the library's registrations.
+With them the build writes the C++ package: the public headers (torchext/include/torchext/) and the CMake package
+files (torchext/share/cmake/torchext/torchextConfig.cmake and its version file; see torchext.cmake_prefix_path).
 
 Environment variables (all optional):
   TORCHEXT_CUDA         1 forces a CUDA build, 0 forces a CPU-only build. Unset: CUDA build whenever nvcc /
@@ -10,12 +20,13 @@ Environment variables (all optional):
   MAX_JOBS              parallel compile jobs for ninja.
   DEBUG                 1 builds with -O0 -g (and -lineinfo for CUDA).
   TORCHEXT_PY_LIMITED_API  1 builds the module against Python's limited API (one binary for every CPython
-                        version; it then does not link libtorch_python). Default 1.
+                        version, tagged abi3). Default 1. Neither the module nor the library links libtorch_python.
 
-Objects are compiled by ninja into one fixed folder, build/temp.<platform>-<python>/ under the repository, whatever
-the command (`pip install -e .`, `pip install .`, `python setup.py build_ext --inplace`): a second build with
-nothing changed compiles nothing (ninja's incremental build), where pip's editable build would otherwise compile
-everything again in a fresh temporary folder. `pip install -v` shows ninja's `[n/N]` line for each compiled file.
+Objects are compiled by ninja into one fixed folder, build/temp.<platform>-<python>/ under the repository (the
+Python module's one file in its python_module/ subfolder), whatever the command (`pip install -e .`, `pip install .`,
+`python setup.py build_ext --inplace`): a second build with nothing changed compiles nothing (ninja's incremental
+build), where pip's editable build would otherwise compile everything again in a fresh temporary folder.
+`pip install -v` shows ninja's `[n/N]` line for each compiled file.
 """
 
 import glob
@@ -51,7 +62,7 @@ if _cuda_home:
     os.environ["CUDA_HOME"] = _cuda_home
 
 import torch  # noqa: E402
-from setuptools import find_packages, setup  # noqa: E402
+from setuptools import Extension, find_packages, setup  # noqa: E402
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 
@@ -145,7 +156,25 @@ def write_build_info(with_cuda: bool, path: str = os.path.join(ROOT, "torchext",
         f.write(f"CUDA_ARCH_LIST = {os.environ.get('TORCH_CUDA_ARCH_LIST') if with_cuda else None!r}\n")
 
 
-def make_extension():
+# The op library: an Extension only so that BuildExtension compiles it with ninja; get_ext_filename names it.
+LIBRARY = "torchext.lib.libtorchext"
+LIBRARY_FILE = os.path.join("torchext", "lib", "libtorchext.so")
+MODULE = "torchext._C"
+PUBLIC_HEADERS = os.path.join("csrc", "include")  # csrc/include/torchext/*.h -> torchext/include/torchext/
+CMAKE_TEMPLATES = os.path.join(ROOT, "cmake")
+
+
+def package_version() -> str:
+    """The version in pyproject.toml (setuptools reads it from there too); the CMake version file carries it."""
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        for line in f:
+            if line.startswith("version = "):
+                return line.split('"')[1]
+    raise SystemExit("setup.py: no `version = ...` line in pyproject.toml")
+
+
+def make_extensions():
+    """[the op library, the Python module]: the library first, since the module links it."""
     with_cuda = want_cuda()
     limited_api = os.environ.get("TORCHEXT_PY_LIMITED_API", "1") == "1"
     debug = os.environ.get("DEBUG", "0") == "1"
@@ -162,51 +191,121 @@ def make_extension():
     cuda_wrappers = [s for s in cpu_sources if s.endswith("_cuda.cpp")]
     # cuda_ops/*.cpp is plain C++ without CUDA (the memory pool's policies), built in every configuration.
     cpu_sources = [s for s in cpu_sources if s not in cuda_wrappers] + sorted(glob.glob("cuda_ops/*.cpp"))
+    # Headers as dependencies: setuptools skips an extension whose output is newer than every listed file, so a
+    # change to a header alone would otherwise leave `python setup.py build_ext` with nothing to do.
+    headers = sorted(
+        glob.glob("csrc/*.h") + glob.glob("csrc/include/torchext/**/*.h", recursive=True) + glob.glob("cuda_ops/*.h*")
+    )
     opt = ["-O0", "-g"] if debug else ["-O3"]
     cxx_flags = opt + ["-fdiagnostics-color=always"]
     # at::parallel_for is a header template over OpenMP (ATen/ParallelOpenMP.h): without -fopenmp its
-    # `#pragma omp parallel` is ignored and every CPU kernel runs on one thread. Linked with -fopenmp, the module
+    # `#pragma omp parallel` is ignored and every CPU kernel runs on one thread. Linked with -fopenmp, the library
     # needs libgomp.so.1, which resolves to the one torch has already loaded (torch/lib/libgomp.so.1), so both
     # share one thread pool and torch.set_num_threads applies.
     link_flags = []
     if sys.platform.startswith("linux"):
         cxx_flags.append("-fopenmp")
-        link_flags.append("-fopenmp")
-    include_dirs = [os.path.join(ROOT, "csrc"), os.path.join(ROOT, "cuda_ops")]
+        # The soname makes a program that links the library by its path record `libtorchext.so` (found through
+        # its RUNPATH), not the path. The library's own RUNPATH finds torch's libraries (c10_cuda, torch_cuda, ...)
+        # for a LibTorch program that does not link them itself (a linker running --as-needed drops those it calls
+        # nothing in, and a program's RUNPATH does not serve its libraries' dependencies): $ORIGIN/../../torch/lib
+        # where pip installs both packages side by side, else the folder of the torch it is built against (an
+        # in-place or editable build sits outside site-packages; the library loads under that torch only anyway).
+        torch_lib = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "lib")
+        link_flags += ["-fopenmp", "-Wl,-soname,libtorchext.so", f"-Wl,-rpath,$ORIGIN/../../torch/lib:{torch_lib}"]
+    include_dirs = [os.path.join(ROOT, "csrc"), os.path.join(ROOT, PUBLIC_HEADERS), os.path.join(ROOT, "cuda_ops")]
 
     if not with_cuda:
-        return CppExtension(
-            "torchext._C",
+        library = CppExtension(
+            LIBRARY,
             cpu_sources,
             include_dirs=include_dirs,
+            depends=headers,
             extra_compile_args={"cxx": cxx_flags},
             extra_link_args=link_flags,
-            py_limited_api=limited_api,
         )
-    # No -std flag: torch.utils.cpp_extension picks the standard its headers need (C++17 or C++20).
-    nvcc_flags = opt + [
-        "--expt-relaxed-constexpr",
-        "-DTORCHEXT_WITH_CUDA",
-        # torch's defaults disable half operators; our kernels convert explicitly and don't need them removed.
-        "-U__CUDA_NO_HALF_OPERATORS__",
-        "-U__CUDA_NO_HALF_CONVERSIONS__",
-        "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
-        "-U__CUDA_NO_HALF2_OPERATORS__",
-    ]
-    arch_flags, has_sm90a = cuda_arch_flags(os.environ["TORCH_CUDA_ARCH_LIST"])
-    nvcc_flags += arch_flags + (["-DTORCHEXT_BUILT_SM90A"] if has_sm90a else [])
-    if debug:
-        nvcc_flags.append("-lineinfo")
-    # Searched after every other include directory, so they never shadow the toolkit's own headers.
-    fallback_cxx_includes = [flag for d in nvidia_wheel_include_dirs() for flag in ("-idirafter", d)]
-    return CUDAExtension(
-        "torchext._C",
-        cpu_sources + cuda_wrappers + sorted(glob.glob("cuda_ops/*.cu")),
-        include_dirs=include_dirs,
-        extra_compile_args={"cxx": cxx_flags + ["-DTORCHEXT_WITH_CUDA"] + fallback_cxx_includes, "nvcc": nvcc_flags},
-        extra_link_args=link_flags,
+    else:
+        # No -std flag: torch.utils.cpp_extension picks the standard its headers need (C++17 or C++20).
+        nvcc_flags = opt + [
+            "--expt-relaxed-constexpr",
+            "-DTORCHEXT_WITH_CUDA",
+            # torch's defaults disable half operators; our kernels convert explicitly and don't need them removed.
+            "-U__CUDA_NO_HALF_OPERATORS__",
+            "-U__CUDA_NO_HALF_CONVERSIONS__",
+            "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+            "-U__CUDA_NO_HALF2_OPERATORS__",
+        ]
+        arch_flags, has_sm90a = cuda_arch_flags(os.environ["TORCH_CUDA_ARCH_LIST"])
+        nvcc_flags += arch_flags + (["-DTORCHEXT_BUILT_SM90A"] if has_sm90a else [])
+        if debug:
+            nvcc_flags.append("-lineinfo")
+        # Searched after every other include directory, so they never shadow the toolkit's own headers.
+        fallback_cxx_includes = [flag for d in nvidia_wheel_include_dirs() for flag in ("-idirafter", d)]
+        library = CUDAExtension(
+            LIBRARY,
+            cpu_sources + cuda_wrappers + sorted(glob.glob("cuda_ops/*.cu")),
+            include_dirs=include_dirs,
+            depends=headers,
+            extra_compile_args={
+                "cxx": cxx_flags + ["-DTORCHEXT_WITH_CUDA"] + fallback_cxx_includes,
+                "nvcc": nvcc_flags,
+            },
+            extra_link_args=link_flags,
+        )
+    # The library links no Python: CppExtension/CUDAExtension add libtorch_python unless py_limited_api is set.
+    library.libraries = [lib for lib in library.libraries if lib != "torch_python"]
+
+    # The Python module: PyInit__C and nothing else, no torch headers. --no-as-needed keeps libtorchext.so among its
+    # dependencies although it calls nothing in it (what it needs from the library are the registrations that run
+    # when the library loads); RUNPATH $ORIGIN/lib finds it in the package. The library folder is added at link
+    # time (NinjaBuildExtension.build_extension), once the build folder is known.
+    module_link = ["-Wl,--push-state,--no-as-needed,-ltorchext,--pop-state"]
+    if sys.platform.startswith("linux"):
+        module_link.append("-Wl,-rpath,$ORIGIN/lib")
+    module = Extension(
+        MODULE,
+        ["csrc/python/module.cpp"],
+        extra_compile_args={"cxx": opt},
+        extra_link_args=module_link,
         py_limited_api=limited_api,
+        language="c++",
     )
+    return [library, module]
+
+
+def copy_cpp_package(package_dir: str) -> list:
+    """The C++ side of the installed package, written into `package_dir` (the torchext folder being built): the
+    public headers (include/torchext/, copied from csrc/include/torchext/) and the CMake package files
+    (share/cmake/torchext/torchextConfig.cmake and torchextConfigVersion.cmake, from cmake/*.in with the version and
+    the build's configuration filled in). Returns the files written."""
+    written = []
+    include_dst = os.path.join(package_dir, "include")
+    shutil.rmtree(os.path.join(include_dst, "torchext"), ignore_errors=True)  # no header left from an older build
+    for src in sorted(glob.glob(os.path.join(ROOT, PUBLIC_HEADERS, "torchext", "**", "*.h"), recursive=True)):
+        dst = os.path.join(include_dst, os.path.relpath(src, os.path.join(ROOT, PUBLIC_HEADERS)))
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copyfile(src, dst)
+        written.append(dst)
+    info = {}  # what write_build_info recorded for this build
+    with open(os.path.join(ROOT, "torchext", "_build_info.py")) as f:
+        exec(f.read(), info)
+    values = {
+        "@TORCHEXT_VERSION@": package_version(),
+        "@TORCHEXT_WITH_CUDA@": "ON" if info["WITH_CUDA"] else "OFF",
+        "@TORCHEXT_TORCH_VERSION@": info["TORCH_VERSION"],
+    }
+    cmake_dst = os.path.join(package_dir, "share", "cmake", "torchext")
+    os.makedirs(cmake_dst, exist_ok=True)
+    for name in ("torchextConfig.cmake", "torchextConfigVersion.cmake"):
+        with open(os.path.join(CMAKE_TEMPLATES, name + ".in")) as f:
+            text = f.read()
+        for key, value in values.items():
+            text = text.replace(key, value)
+        dst = os.path.join(cmake_dst, name)
+        with open(dst, "w") as f:
+            f.write(text)
+        written.append(dst)
+    return written
 
 
 class NinjaBuildExtension(BuildExtension):
@@ -233,12 +332,45 @@ class NinjaBuildExtension(BuildExtension):
         super().build_extensions()
         print(f"torchext: compiled and linked in {time.perf_counter() - start:.0f} s", flush=True)
 
+    def get_ext_filename(self, fullname):
+        # A plain shared library, no Python ABI tag: torchext/lib/libtorchext.so. setuptools asks by the full name,
+        # distutils' get_ext_fullpath by the last component.
+        if fullname == LIBRARY:
+            return LIBRARY_FILE
+        if fullname == LIBRARY.rsplit(".", 1)[1]:
+            return os.path.basename(LIBRARY_FILE)
+        return super().get_ext_filename(fullname)
+
+    def build_extension(self, ext):
+        if ext.name != MODULE:
+            return super().build_extension(ext)
+        # The module links the library just built (in build_lib, before setuptools copies it in place), and is
+        # compiled in a folder of its own: torch's ninja build writes one build.ninja per folder, and the one in
+        # build_temp stays the library's (tests/test_first_hour.py asks it whether anything is left to compile).
+        ext.library_dirs = [os.path.dirname(os.path.join(self.build_lib, LIBRARY_FILE))]
+        build_temp = self.build_temp
+        self.build_temp = os.path.join(build_temp, "python_module")
+        try:
+            super().build_extension(ext)
+        finally:
+            self.build_temp = build_temp
+
+    def run(self):
+        if self.inplace or self.editable_mode:  # setuptools copies the library there, into a folder it does not make
+            os.makedirs(os.path.join(ROOT, os.path.dirname(LIBRARY_FILE)), exist_ok=True)
+        super().run()
+        # The headers and CMake files beside the library: in build_lib (what a wheel packs) and, for in-place and
+        # editable builds, in the source tree's torchext/ (what is imported).
+        copy_cpp_package(os.path.join(self.build_lib, "torchext"))
+        if self.inplace or self.editable_mode:
+            copy_cpp_package(os.path.join(ROOT, "torchext"))
+
 
 if __name__ == "__main__":  # run by pip (setuptools.build_meta) and `python setup.py`; tests import the helpers
     setup(
         name="torchext",
         packages=find_packages(include=["torchext", "torchext.*"]),
-        ext_modules=[make_extension()],
+        ext_modules=make_extensions(),
         cmdclass={"build_ext": NinjaBuildExtension},
         options={"bdist_wheel": {"py_limited_api": "cp310"}}
         if os.environ.get("TORCHEXT_PY_LIMITED_API", "1") == "1"

@@ -6,6 +6,7 @@
 #
 #   OUT=out bash benchmarks/run_on_gpu.sh [build] [test] [memcheck] [racecheck] [synccheck] [bench] [matmul] [memory]
 #                                         [host] [conv2d] [batch_norm] [pooling] [loop] [compare] [ddp] [notebooks]
+#                                         [cpp]
 #   (default: the first four)
 # ONLY_TESTS (e.g. "tests/test_matmul.py tests/test_conv2d.py") narrows the test stage to those files, GPU tests only.
 #
@@ -22,6 +23,17 @@
 # torchrun --nproc_per_node=2 (2 GPUs). Each run is written to /tmp/torchext-compare/<run>/ (results, plots and its
 # console log) and packed into $OUT/cifar10-<run>.tar.gz: one file per run comes back. COMPARE_DATA: the CIFAR-10
 # source (default .data/cifar10-train-jpg.tar.gz).
+# cpp (after build; `build cpp` is one call of about 8 minutes on an H100 with 16 cores) is torchext from C++
+# (docs/cpp.md): the C++ tests (tests/test_cpp.py: the GoogleTest suite with its CUDA rows and the pool made
+# PyTorch's allocator, through CTest, and a fresh CMake project), then examples/cpp built in Release: the CIFAR-10
+# export (python -m torchext.data export-binary COMPARE_DATA, the hold-out torchext-compare validates on as
+# test_batch.bin), train_cifar on cnn_cifar (CPP_SEEDS, default 0,1,2; CPP_EPOCHS, default 20: the Python tool's
+# recipe; CPP_DEVICE, CPP_TRAIN_ARGS e.g. "--max-batches 5" for a smoke run) and gemm_bench (the ladder at 1024-4096
+# in float32 and bfloat16, CPP_GEMM_ARGS to change, e.g. "--dtypes float32,tf32,bfloat16,float16"). Logs:
+# $OUT/cpp_tests.log, cpp_train_cnn_cifar.log (+ .jsonl), cpp_gemm.md. It needs cmake and GoogleTest; a machine
+# without them and without network takes them from the checkout: a cmake wheel in .whl/ (pip download cmake
+# --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .whl) and GoogleTest's sources in
+# .deps/googletest (cp -r /usr/src/googletest .deps/ on a Debian machine with the googletest package); carry both.
 # notebooks executes notebooks/*.ipynb with the machine's settings into $OUT/notebooks/ (02 trains the ResNet-18
 # recipe on .data/cifar10-train-jpg.tar.gz, ~3 min on an H100). The device machines have no Jupyter: fetch the
 # wheels here once (Python 3.12, x86-64), and carry .data and .whl:
@@ -166,5 +178,41 @@ if has notebooks; then
     export PYTHONPATH="$PYTHONPATH:/tmp/site"
   fi
   python benchmarks/run_notebooks.py notebooks/*.ipynb --out "$OUT/notebooks" 2>&1 | grep -v "WARNING\|_validate(" || status=1
+fi
+if has cpp; then
+  echo "== torchext from C++"
+  if ! command -v cmake > /dev/null; then
+    python -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/cmake-site .whl/cmake*.whl \
+      && export PATH="/tmp/cmake-site/bin:$PATH" || echo "no cmake, and no cmake wheel in .whl/ (see the header)"
+  fi
+  if [ -z "${TORCHEXT_GTEST_SOURCE:-}" ] && [ -d .deps/googletest ]; then export TORCHEXT_GTEST_SOURCE=$PWD/.deps/googletest; fi
+  python -m pytest tests/test_cpp.py -q -p no:cacheprovider -rs > "$OUT/cpp_tests.log" 2>&1 || status=1
+  grep -E "FAILED|SKIPPED|passed|failed" "$OUT/cpp_tests.log" | tail -5
+  # The toolkit folder for LibTorch's CMake package (FindCUDA guesses wrong where nvcc on PATH is a wrapper script).
+  cuda_home=${CUDA_HOME:-$(python -c "import importlib.util as u; s = u.spec_from_file_location('s', 'setup.py'); \
+m = u.module_from_spec(s); s.loader.exec_module(m); print(m.find_cuda_home() or '')")}
+  prefix=$(python -c "import torch, torchext; print(torch.utils.cmake_prefix_path + ';' + torchext.cmake_prefix_path)")
+  generator=(); command -v ninja > /dev/null && generator=(-G Ninja)
+  if cmake -S examples/cpp -B build/examples "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_PREFIX_PATH="$prefix" ${cuda_home:+-DCUDA_TOOLKIT_ROOT_DIR=$cuda_home} > "$OUT/cpp_examples_build.log" 2>&1 \
+      && cmake --build build/examples --parallel "$MAX_JOBS" >> "$OUT/cpp_examples_build.log" 2>&1; then
+    bin=/tmp/torchext-cifar10-bin
+    python -m torchext.data export-binary "${COMPARE_DATA:-.data/cifar10-train-jpg.tar.gz}" "$bin" > "$OUT/cpp_export.log" 2>&1 \
+      || { cat "$OUT/cpp_export.log"; status=1; }
+    cat "$bin/split.txt"
+    echo "-- train_cifar cnn_cifar, seeds ${CPP_SEEDS:-0,1,2}"
+    # shellcheck disable=SC2086
+    build/examples/train_cifar --data "$bin" --model cnn_cifar --seeds "${CPP_SEEDS:-0,1,2}" --epochs "${CPP_EPOCHS:-20}" \
+      --device "${CPP_DEVICE:-cuda}" --out "$OUT/cpp_train_cnn_cifar.jsonl" ${CPP_TRAIN_ARGS:-} \
+      > "$OUT/cpp_train_cnn_cifar.log" 2>&1 || { tail -5 "$OUT/cpp_train_cnn_cifar.log"; status=1; }
+    sed -n '/^| cnn_cifar/,$p' "$OUT/cpp_train_cnn_cifar.log"
+    echo "-- gemm_bench"
+    # shellcheck disable=SC2086
+    build/examples/gemm_bench ${CPP_GEMM_ARGS:-} > "$OUT/cpp_gemm.md" 2> "$OUT/cpp_gemm.err" || status=1
+    cat "$OUT/cpp_gemm.md"
+  else
+    grep -E "error|Error" "$OUT/cpp_examples_build.log" | head -20
+    status=1
+  fi
 fi
 exit $status

@@ -224,23 +224,8 @@ TORCH_LIBRARY_FRAGMENT(torchext, m) {
                     return c10::intrusive_ptr<PoolObject>();
 #endif
                   })
-      .def_static("enable",
-                  [](std::string kind) {
-#ifdef TORCHEXT_WITH_CUDA
-                    enable_pool(kind);
-#else
-                    TORCH_CHECK(false, "torchext.memory.enable_pool needs a torchext build with CUDA; "
-                                "this one has none");
-#endif
-                  })
-      .def_static("enabled_kind",
-                  []() -> std::string {
-#ifdef TORCHEXT_WITH_CUDA
-                    return enabled_kind();
-#else
-                    return "";
-#endif
-                  })
+      .def_static("enable", [](std::string kind) { enable_pool(kind); })
+      .def_static("enabled_kind", []() -> std::string { return enabled_kind(); })
       .def_static("time_baseline_alloc_free",
                   [](std::string allocator, int64_t device, std::vector<int64_t> sizes, int64_t live, int64_t rounds) {
 #ifdef TORCHEXT_WITH_CUDA

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <c10/util/Exception.h>
+#include <torchext/memory.h>
 
 #include <chrono>
 #include <cstdint>
@@ -48,16 +49,18 @@ double time_loop(const std::vector<int64_t>& sizes, int64_t live, int64_t rounds
   return ns / static_cast<double>(rounds * static_cast<int64_t>(sizes.size()));
 }
 
-// Everything below is defined in memory_cuda.cpp and exists only in CUDA builds.
+// enable_pool's check of its argument, made first in every build.
+inline void check_pool_kind(const std::string& kind) {
+  TORCH_CHECK_VALUE(kind == "best_fit" || kind == "pow2",
+                    "torchext.memory.enable_pool: `kind` must be 'best_fit' or 'pow2', got '", kind, "'");
+}
+
+// enable_pool and enabled_kind are the public API's (csrc/include/torchext/memory.h): defined in memory_cuda.cpp, and
+// in memory_api.cpp for CPU-only builds. Everything below is defined in memory_cuda.cpp and exists only in CUDA builds.
 
 // The process-wide pool of a CUDA device: made on first use with the policy chosen by enable_pool ("best_fit" when none
 // was), never destroyed. Throws for a device index that does not exist.
 Pool& device_pool(int64_t device);
-// Makes the pool PyTorch's CUDA allocator for the rest of the process. Throws if PyTorch's allocator was already
-// initialised (CUDA was used) or another kind was enabled before.
-void enable_pool(const std::string& kind);
-// "" when PyTorch runs on its own allocator, else the kind passed to enable_pool.
-std::string enabled_kind();
 // A standalone pool (not PyTorch's allocator) on a CUDA device.
 std::unique_ptr<Pool> make_cuda_pool(const std::string& kind, int64_t device);
 // Nanoseconds per allocate+free pair of a baseline allocator on `device` in a C++ loop (see time_alloc_free in

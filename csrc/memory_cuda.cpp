@@ -184,8 +184,8 @@ Pool& device_pool(int64_t device) {
 }
 
 void enable_pool(const std::string& kind) {
-  TORCH_CHECK_VALUE(kind == "best_fit" || kind == "pow2",
-                    "torchext.memory.enable_pool: `kind` must be 'best_fit' or 'pow2', got '", kind, "'");
+  check_pool_kind(kind);
+  TORCH_CHECK(c10::cuda::device_count() > 0, "torchext.memory.enable_pool needs a CUDA device; none is available");
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_enabled_kind.empty()) {
     TORCH_CHECK(kind == g_enabled_kind, "torchext.memory.enable_pool: the '", g_enabled_kind,

@@ -1,22 +1,17 @@
 // Every torchext op schema, in one place. Backends register kernels for these names in
 // csrc/<family>_cpu.cpp (TORCH_LIBRARY_IMPL(torchext, CPU, m)) and csrc/<family>_cuda.cpp (..., CUDA, m).
 // Fake kernels live next to the Python wrappers in torchext/ops/<family>.py; the autograd of every op and *_backward
-// op but matmul (so double backward works) and the CUDA autocast rules of cross_entropy and linear in
-// csrc/autograd.cpp; matmul's autograd and the other autocast rules in the Python files.
+// op (so double backward works) and the CUDA autocast rules of cross_entropy, linear and conv2d in csrc/autograd.cpp,
+// matmul's in csrc/matmul_autograd.cpp; the other autocast rules in the Python files. The C++ API that calls these
+// ops is csrc/include/torchext/ (csrc/<family>_api.cpp).
 //
 // Conventions: `self` is the op's main input, `output` a saved forward result; `reduction` is 'none'|'mean'|'sum';
 // no op writes into its inputs.
 
-#include <Python.h>
 #include <torch/library.h>
 
-// The _C module holds no functions: importing it runs the registrations below and in the other csrc/ files.
-extern "C" {
-PyObject* PyInit__C(void) {
-  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module_def);
-}
-}
+// These registrations, and those of the other csrc/ files, run when the op library (torchext/lib/libtorchext.so)
+// is loaded: by a LibTorch program that links it, or by Python's `import torchext` (csrc/python/module.cpp).
 
 TORCH_LIBRARY(torchext, m) {
   // Activations (csrc/activations_*.cpp, cuda_ops/activations.cu). Backward takes whichever of input or output
@@ -78,8 +73,7 @@ TORCH_LIBRARY(torchext, m) {
   // linear: act(input @ weight^T + bias), input (*, K), weight (N, K), bias (N), activation 'none' | 'relu' |
   // 'gelu' | 'gelu_tanh' | 'silu'. `saved` is what backward needs besides `out`: the pre-activation (shaped like
   // out) for gelu, gelu_tanh and silu; an empty tensor for none and relu (relu differentiates from out).
-  m.def(
-      "linear(Tensor input, Tensor weight, Tensor? bias=None, str activation='none') -> (Tensor out, Tensor saved)");
+  m.def("linear(Tensor input, Tensor weight, Tensor? bias=None, str activation='none') -> (Tensor out, Tensor saved)");
   // Gradients of input, weight and bias; an output whose output_mask entry is false (or grad_bias without a bias)
   // comes back as an empty tensor.
   m.def(

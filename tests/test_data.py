@@ -240,6 +240,64 @@ def test_synthetic():
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The binary format for C++ (export-binary)
+
+
+def read_binary(path):
+    """(images (N, 32, 32, 3), labels) from a CIFAR-10 binary file, the way a C++ reader does."""
+    raw = np.fromfile(path, dtype=np.uint8)
+    assert raw.size % 3073 == 0, f"[{path}] {raw.size} bytes is not a whole number of 3073-byte records"
+    records = raw.reshape(-1, 3073)
+    return records[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), records[:, 0].astype(np.int64)
+
+
+def test_export_binary_round_trips(tmp_path):
+    d = data.synthetic_cifar10(n_train=53, n_val=20, seed=1)
+    written = data.export_binary(d, tmp_path / "bin")
+    assert [os.path.basename(p) for p in written] == [*data.BINARY_TRAIN_FILES, "test_batch.bin", "batches.meta.txt",
+                                                      "split.txt"]  # fmt: skip
+    parts = [read_binary(tmp_path / "bin" / name) for name in data.BINARY_TRAIN_FILES]
+    assert [len(y) for _, y in parts] == [11, 11, 11, 10, 10], "the training set spread over the five files in order"
+    assert_arrays(np.concatenate([x for x, _ in parts]), d.train_x, "train images")
+    assert_arrays(np.concatenate([y for _, y in parts]), d.train_y, "train labels")
+    val_x, val_y = read_binary(tmp_path / "bin" / "test_batch.bin")
+    assert_arrays(val_x, d.val_x, "val images")
+    assert_arrays(val_y, d.val_y, "val labels")
+    assert (tmp_path / "bin" / "batches.meta.txt").read_text().split() == list(data.CIFAR10_CLASSES)
+    # The first pixel of a record is the R value of the top-left corner, then the rest of the R plane.
+    first = np.fromfile(tmp_path / "bin" / "data_batch_1.bin", dtype=np.uint8)[:3073]
+    assert first[0] == d.train_y[0] and first[1] == d.train_x[0, 0, 0, 0] and first[2] == d.train_x[0, 0, 1, 0]
+    assert first[1 + 1024] == d.train_x[0, 0, 0, 1], "the G plane follows the R plane"
+
+
+def test_export_binary_cli_writes_the_compare_tools_split(tmp_path, capsys):
+    """An archive without a test split: test_batch.bin is the hold-out torchext-compare validates on (same
+    --val-split and seed), the training files the rest of train."""
+    write_tree(tmp_path / "tree", n_train=4)
+    archive = make_tar(tmp_path / "tree", tmp_path / "cifar.tar.gz")
+    assert data.main(["export-binary", str(archive), str(tmp_path / "bin"), "--val-split", "10", "--seed", "2"]) == 0
+    expected = data.load_cifar10(archive, val_split=10, seed=2, num_workers=0)
+    val_x, val_y = read_binary(tmp_path / "bin" / "test_batch.bin")
+    assert_arrays(val_x, expected.val_x, "hold-out images")
+    assert_arrays(val_y, expected.val_y, "hold-out labels")
+    train_y = np.concatenate([read_binary(tmp_path / "bin" / n)[1] for n in data.BINARY_TRAIN_FILES])
+    assert_arrays(train_y, expected.train_y, "train labels")
+    split = (tmp_path / "bin" / "split.txt").read_text()
+    assert "held-out 10 images of train (split seed 2)" in split and "30 training images" in split, split
+    assert "held-out 10 images of train" in capsys.readouterr().out
+
+
+def test_export_binary_refuses_what_the_format_cannot_hold(tmp_path):
+    d = data.synthetic_cifar10(n_train=20, n_val=10)
+    with pytest.raises(ValueError, match="one byte"):
+        data.export_binary(data.CIFAR10Data(d.train_x, d.train_y + 300, d.val_x, d.val_y, d.classes, "x"), tmp_path)
+    with pytest.raises(ValueError, match="uint8"):
+        data.export_binary(
+            data.CIFAR10Data(d.train_x.astype(np.float32), d.train_y, d.val_x, d.val_y, d.classes, "x"), tmp_path
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Decoding and cache
 
 

@@ -60,16 +60,66 @@ def test_cuda_code_is_built_where_nvcc_is_found():
     assert _loader.built_with_cuda(), "nvcc is on PATH but torchext was built without its CUDA kernels"
 
 
-def test_module_links_the_shared_libstdcxx():
-    """A module that carries its own static libstdc++ crashes when it formats a number into an error message
-    (seen with a GCC wrapper that adds -static-libstdc++). It must use the process's shared one, as torch does."""
+def _ldd(path: str) -> str:
     if not sys.platform.startswith("linux") or shutil.which("ldd") is None:
         pytest.skip("checked with ldd on Linux")
-    out = subprocess.run(["ldd", torchext._C.__file__], capture_output=True, text=True, timeout=60).stdout
-    assert "libstdc++.so" in out, f"{torchext._C.__file__} does not link libstdc++ dynamically:\n{out}"
+    return subprocess.run(["ldd", path], capture_output=True, text=True, timeout=60).stdout
+
+
+@pytest.mark.parametrize("which", ["module", "library"])
+def test_links_the_shared_libstdcxx(which):
+    """A module that carries its own static libstdc++ crashes when it formats a number into an error message
+    (seen with a GCC wrapper that adds -static-libstdc++). It must use the process's shared one, as torch does."""
+    path = torchext._C.__file__ if which == "module" else _loader.LIBRARY_PATH
+    out = _ldd(path)
+    assert "libstdc++.so" in out, f"{path} does not link libstdc++ dynamically:\n{out}"
+
+
+def test_op_library_has_no_python():
+    """The op library is what a LibTorch program links: it must not need libpython or libtorch_python (only the
+    thin module torchext._C, which needs neither but Python's own symbols, is Python's). The module links it, so
+    importing the module loads it."""
+    library = _ldd(_loader.LIBRARY_PATH)
+    for name in ("libpython", "libtorch_python"):
+        assert name not in library, f"{_loader.LIBRARY_PATH} links {name}:\n{library}"
+    module = _ldd(torchext._C.__file__)
+    assert "libtorchext.so => " + os.path.realpath(_loader.LIBRARY_PATH) in module, (
+        f"[torchext._C] does not load the library beside it ({_loader.LIBRARY_PATH}):\n{module}"
+    )
+    assert "libtorch_python" not in module, f"[torchext._C] links libtorch_python:\n{module}"
+    symbols = subprocess.run(["nm", "-D", "--defined-only", _loader.LIBRARY_PATH], capture_output=True, text=True)
+    if symbols.returncode == 0:
+        assert "PyInit__C" not in symbols.stdout, "[libtorchext.so] defines the Python module's PyInit__C"
+
+
+def test_cmake_package_is_installed():
+    """torchext.cmake_prefix_path holds torchextConfig.cmake and its version file, the public headers sit in
+    include/torchext/ with the umbrella header, as find_package(torchext) expects (tests/test_cpp.py builds a
+    project against them)."""
+    config = os.path.join(torchext.cmake_prefix_path, "torchext", "torchextConfig.cmake")
+    version = os.path.join(torchext.cmake_prefix_path, "torchext", "torchextConfigVersion.cmake")
+    assert os.path.isfile(config) and os.path.isfile(version), f"missing {config} or {version}"
+    with open(version) as f:
+        assert f'set(PACKAGE_VERSION "{torchext.__version__}")' in f.read(), "[torchextConfigVersion.cmake] version"
+    include = os.path.join(_loader.PACKAGE_DIR, "include", "torchext")
+    assert os.path.isfile(os.path.join(include, "torchext.h")), f"no umbrella header in {include}"
+    sources = os.path.join(os.path.dirname(_loader.PACKAGE_DIR), "csrc", "include", "torchext")
+    if os.path.isdir(sources):  # a build from this checkout: every public header is installed
+        assert sorted(os.listdir(sources)) == sorted(os.listdir(include)), f"[{include}] differs from {sources}"
 
 
 def test_error_messages_with_numbers():
     """Errors whose messages hold sizes and counts come out as Python exceptions."""
     with pytest.raises(ValueError, match=r"must have the same shape as `self` \[3\], got \[4\]"):
         torch.ops.torchext.silu_backward(torch.ones(4), torch.ones(3))
+
+
+def test_cpp_version_matches_the_package():
+    """The C++ headers' TORCHEXT_VERSION (csrc/include/torchext/library.h) is pyproject.toml's version."""
+    header = os.path.join(_loader.PACKAGE_DIR, "include", "torchext", "library.h")
+    with open(header) as f:
+        assert f'#define TORCHEXT_VERSION "{torchext.__version__}"' in f.read(), f"[{header}] TORCHEXT_VERSION"
+    pyproject = os.path.join(os.path.dirname(_loader.PACKAGE_DIR), "pyproject.toml")
+    if os.path.isfile(pyproject):  # imported from a checkout
+        with open(pyproject) as f:
+            assert f'version = "{torchext.__version__}"' in f.read(), "[pyproject.toml] version != torchext.__version__"

@@ -1,12 +1,19 @@
-"""Loads the compiled module torchext._C, which registers every op with the dispatcher.
+"""Loads the compiled module torchext._C, which links the op library torchext/lib/libtorchext.so: loading it
+registers every op with the dispatcher.
 
 The extension is compiled against one torch release; loaded under another it would fail with an unreadable
 "undefined symbol" error (or worse, load and misbehave). We compare versions first and say what to do.
 """
 
 import importlib
+import os
 
 import torch
+
+# The op library (csrc/, cuda_ops/; no Python in it) and the C++ package beside it (setup.py writes them).
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+LIBRARY_PATH = os.path.join(PACKAGE_DIR, "lib", "libtorchext.so")
+CMAKE_PREFIX_PATH = os.path.join(PACKAGE_DIR, "share", "cmake")
 
 
 def _rebuild_hint() -> str:

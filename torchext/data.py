@@ -20,8 +20,19 @@ The validation set is the test split when there is one, else a fixed stratified 
 shuffles with a seeded ``torch.Generator`` (same seed, same order: two models compared side by side see the same
 batches) and applies a random 32x32 crop of the 4-pixel zero-padded image and a random horizontal flip, per sample,
 as one gather on the device.
+
+``export_binary(data, folder)`` writes a ``CIFAR10Data`` in CIFAR-10's standard binary format, which C++ programs
+read (examples/cpp/): ``data_batch_1.bin`` .. ``data_batch_5.bin`` hold the training set (the train split less the
+held-out images, in the order ``load_cifar10`` gives), ``test_batch.bin`` the validation set ``torchext-compare``
+evaluates on (the test split, or the hold-out carved from train when the source has none), ``batches.meta.txt`` the
+class names, ``split.txt`` what the split is. Each record is 3073 bytes: the label, then the 32x32 image as three
+planes R, G, B, row by row. From the command line::
+
+    python -m torchext.data export-binary .data/cifar10-train-jpg.tar.gz /tmp/cifar10-bin   # SRC: any load_cifar10 path
+    python -m torchext.data export-binary synthetic /tmp/cifar10-tiny --synthetic-train 512 --synthetic-val 128
 """
 
+import argparse
 import hashlib
 import io
 import math
@@ -49,6 +60,8 @@ __all__ = [
     "default_cache_dir",
     "GPULoader",
     "EpochPlan",
+    "export_binary",
+    "main",
 ]
 
 CIFAR10_CLASSES = (
@@ -646,3 +659,91 @@ class GPULoader:
             f"device={self.device}, seed={self.seed}, augment={self.augment}, dtype={self.dtype}, "
             f"channels_last={self.channels_last}, drop_last={self.drop_last}, chunk={self.chunk})"
         )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CIFAR-10's binary format, for C++ programs
+
+BINARY_TRAIN_FILES = tuple(f"data_batch_{i}.bin" for i in range(1, 6))
+BINARY_TEST_FILE = "test_batch.bin"
+BINARY_RECORD = 1 + 3 * IMAGE_SIZE * IMAGE_SIZE  # 3073 bytes: label, then the R, G and B planes
+
+
+def _binary_records(x: np.ndarray, y: np.ndarray) -> bytes:
+    """(N, 32, 32, 3) uint8 images and their labels as N records of 3073 bytes (label byte, then CHW pixels)."""
+    if x.dtype != np.uint8 or x.ndim != 4 or x.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE, 3):
+        raise ValueError(f"images must be uint8 (N, {IMAGE_SIZE}, {IMAGE_SIZE}, 3), got {x.dtype} {x.shape}")
+    if len(y) and (int(y.min()) < 0 or int(y.max()) > 255):
+        raise ValueError("labels must fit in one byte (0..255) for the binary format")
+    records = np.empty((len(y), BINARY_RECORD), dtype=np.uint8)
+    records[:, 0] = y
+    records[:, 1:] = x.transpose(0, 3, 1, 2).reshape(len(y), -1)
+    return records.tobytes()
+
+
+def export_binary(data: CIFAR10Data, folder: str | os.PathLike) -> list[str]:
+    """Writes ``data`` into ``folder`` in CIFAR-10's binary format (see the module docstring): the training set split
+    in order over data_batch_1.bin .. data_batch_5.bin (sizes differing by at most one image), the validation set as
+    test_batch.bin, the class names and a description of the split. Returns the paths written."""
+    folder = os.fspath(folder)
+    os.makedirs(folder, exist_ok=True)
+    written = []
+    for name, part in zip(BINARY_TRAIN_FILES, np.array_split(np.arange(len(data.train_y)), 5), strict=True):
+        path = os.path.join(folder, name)
+        with open(path, "wb") as f:
+            f.write(_binary_records(data.train_x[part], data.train_y[part]))
+        written.append(path)
+    path = os.path.join(folder, BINARY_TEST_FILE)
+    with open(path, "wb") as f:
+        f.write(_binary_records(data.val_x, data.val_y))
+    written.append(path)
+    path = os.path.join(folder, "batches.meta.txt")
+    with open(path, "w") as f:
+        f.write("".join(f"{name}\n" for name in data.classes))
+    written.append(path)
+    path = os.path.join(folder, "split.txt")
+    with open(path, "w") as f:
+        f.write(
+            f"{data.describe()}\n"
+            f"data_batch_1.bin .. data_batch_5.bin: the {len(data.train_y)} training images; "
+            f"test_batch.bin: the {len(data.val_y)} validation images ({data.val_source}), the set torchext-compare "
+            f"evaluates on. Records of {BINARY_RECORD} bytes: label, then R, G, B planes of 32x32.\n"
+        )
+    written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m torchext.data export-binary SRC DIR``: CIFAR-10 from SRC (a load_cifar10 path, or 'synthetic')
+    into DIR in the binary format, with the same train / validation split as torchext-compare."""
+    p = argparse.ArgumentParser(prog="python -m torchext.data", description="CIFAR-10 tools for torchext.")
+    sub = p.add_subparsers(dest="command", required=True)
+    e = sub.add_parser(
+        "export-binary",
+        help="write CIFAR-10 in its binary format (data_batch_*.bin, test_batch.bin) for C++ programs",
+        description="Writes SRC's training set as data_batch_1..5.bin and the validation set torchext-compare uses "
+        "(the test split, else the hold-out of --val-split train images, seed --seed) as test_batch.bin.",
+    )
+    e.add_argument("src", help="a load_cifar10 path (folder or archive), or 'synthetic'")
+    e.add_argument("dir", help="output folder")
+    e.add_argument("--val-split", type=int, default=5000, help="hold-out size when SRC has no test split (5000)")
+    e.add_argument("--seed", type=int, default=0, help="seed of the hold-out (0, as torchext-compare)")
+    e.add_argument("--val-from", choices=("auto", "test", "train"), default="auto", help="see load_cifar10 (auto)")
+    e.add_argument("--synthetic-train", type=int, default=5000, help="training images of SRC 'synthetic'")
+    e.add_argument("--synthetic-val", type=int, default=1000, help="validation images of SRC 'synthetic'")
+    e.add_argument("--no-cache", action="store_true", help="do not read or write the decoded-image cache")
+    args = p.parse_args(argv)
+    if args.src == "synthetic":
+        cifar = synthetic_cifar10(args.synthetic_train, args.synthetic_val, seed=args.seed)
+    else:
+        cifar = load_cifar10(
+            args.src, val_split=args.val_split, seed=args.seed, val_from=args.val_from, cache=not args.no_cache
+        )
+    written = export_binary(cifar, args.dir)
+    print(f"{cifar.describe()}\nwrote {len(written)} files to {args.dir}: data_batch_1..5.bin (training set), "
+          f"test_batch.bin (validation set: {cifar.val_source}), batches.meta.txt, split.txt")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

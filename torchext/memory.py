@@ -363,9 +363,9 @@ def enable_pool(kind: str = "best_fit") -> None:
 
 @functools.cache
 def _pluggable_allocator():
-    from . import _C
+    from ._loader import LIBRARY_PATH  # the op library, which defines the two C functions (csrc/memory_cuda.cpp)
 
-    return torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, "torchext_pool_alloc", "torchext_pool_free")
+    return torch.cuda.memory.CUDAPluggableAllocator(LIBRARY_PATH, "torchext_pool_alloc", "torchext_pool_free")
 
 
 @contextlib.contextmanager

@@ -1,4 +1,8 @@
-"""Helpers shared by the op wrappers: output metadata for fake kernels and the autocast rules."""
+"""Helpers shared by the op wrappers: output metadata for fake kernels, argument errors, and autocast rules in Python.
+
+Every op of torchext 0.1 has its autocast rules in C++ (csrc/autocast.cpp, csrc/autograd.cpp), so that LibTorch
+programs get them too; autocast_to_float32 and autocast_cpu_to_float32 remain for rules that a family still writes in
+Python (csrc/autocast.h does the same in one C++ line per op)."""
 
 import torch
 
@@ -47,12 +51,6 @@ def not_a_tensor(op: str, name: str, value, optional: bool = False) -> TypeError
     return TypeError(f"torchext {op}(): argument `{name}` must be {expected}, got {type(value).__name__}")
 
 
-def needs_grad(ctx, index: int) -> bool:
-    """ctx.needs_input_grad[index], where the dispatcher may have dropped trailing arguments left at their default
-    (so the tuple can be shorter than the schema's argument list)."""
-    return index < len(ctx.needs_input_grad) and bool(ctx.needs_input_grad[index])
-
-
 def _autocast_cast(arg, dtype: torch.dtype, device: str):
     # torch's autocast casts floating tensors of its device other than float64 (cached_cast's is_eligible).
     if (
@@ -78,10 +76,3 @@ def _register_autocast_kernel(qualname: str, device: str, dtype_fn) -> None:
             return op(*args, **kwargs)
 
     torch.library.impl(qualname, "Autocast" + ("CUDA" if device == "cuda" else "CPU"), autocast_kernel)
-
-
-def autocast_cuda_to_autocast_dtype(qualname: str) -> None:
-    """Under CUDA autocast, cast the op's floating CUDA inputs (float64 excepted) to the autocast dtype
-    (torch.get_autocast_dtype('cuda'): float16 or bfloat16), then run it with autocast off: PyTorch's rule for
-    matmul and linear. (torch.library.register_autocast casts to one dtype fixed at registration.)"""
-    _register_autocast_kernel(qualname, "cuda", lambda: torch.get_autocast_dtype("cuda"))

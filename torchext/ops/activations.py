@@ -14,7 +14,7 @@ kernels are float32/float64 only.
 import torch
 from torch import Tensor
 
-from ._common import autocast_cpu_to_float32, empty_like_dense, not_a_tensor
+from ._common import empty_like_dense, not_a_tensor
 
 __all__ = ["relu", "leaky_relu", "sigmoid", "tanh", "gelu", "silu"]
 
@@ -90,8 +90,4 @@ def _(grad_output, self, *, approximate="none"):
 
 
 # Autograd is C++ (csrc/autograd.cpp): relu, sigmoid and tanh differentiate from their output; leaky_relu, gelu
-# and silu from their input.
-
-for _name in ("relu", "leaky_relu", "sigmoid", "tanh", "gelu", "silu"):
-    autocast_cpu_to_float32(f"torchext::{_name}")
-    autocast_cpu_to_float32(f"torchext::{_name}_backward")
+# and silu from their input. The CPU autocast rule too (csrc/autocast.cpp).

@@ -15,7 +15,8 @@ channels-last (``suggest_memory_format``), else contiguous; grad_weight is chann
 else contiguous; grad_bias and the statistics are contiguous. The kernels read any input layout through its strides.
 
 Autocast: under CUDA autocast, input, weight and bias are cast to the autocast dtype (float16 or bfloat16), as
-torch's conv2d (csrc/autograd.cpp); under CPU autocast to float32 (the CPU kernels are float32/float64).
+torch's conv2d (csrc/autograd.cpp); under CPU autocast to float32 (the CPU kernels are float32/float64;
+csrc/autocast.cpp).
 """
 
 from typing import Optional, Union
@@ -23,7 +24,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from ._common import autocast_cpu_to_float32, not_a_tensor
+from ._common import not_a_tensor
 
 try:  # torch's port of c10's is_channels_last_strides_2d, what suggest_memory_format decides with
     from torch._prims_common import suggest_memory_format as _suggest_memory_format
@@ -187,6 +188,4 @@ def _(grad_output, input, weight, stride, padding, dilation, groups, output_mask
     return grad_input, grad_weight, grad_bias
 
 
-# Autograd and the CUDA autocast rules are C++ (csrc/autograd.cpp).
-for _name in ("conv2d", "conv2d_stats", "conv2d_backward"):
-    autocast_cpu_to_float32(f"torchext::{_name}")
+# Autograd and the autocast rules are C++ (csrc/autograd.cpp, csrc/autocast.cpp).

@@ -6,8 +6,8 @@ ignore_index, label_smoothing, reductions 'none' | 'mean' | 'sum'; input (C,), (
 Probability ("soft") targets are not supported: a floating-point target raises a TypeError.
 Layout rule (docs/compile.md): the op's results (loss, lse, total_weight) and its backward are contiguous.
 
-Autocast rule: under torch.autocast (CUDA or CPU) the logits and weight are cast to float32 and the loss is float32,
-as PyTorch does for cross_entropy.
+Autocast rule (csrc/autograd.cpp, csrc/autocast.cpp): under torch.autocast (CUDA or CPU) the logits and weight are
+cast to float32 and the loss is float32, as PyTorch does for cross_entropy.
 
 Bad targets raise an IndexError naming `target`. On CUDA the check runs on the device and, by default, is read back
 without stopping the GPU: the error comes from a later cross_entropy or multi_margin_loss call, or from
@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._common import autocast_cpu_to_float32, autocast_to_float32, not_a_tensor
+from ._common import not_a_tensor
 
 __all__ = ["cross_entropy", "check_targets"]
 
@@ -110,6 +110,4 @@ def _(grad_output, self, target, weight, reduction, ignore_index, label_smoothin
     return self.new_empty(self.shape)
 
 
-# Autograd and the CUDA autocast rule are C++ (csrc/autograd.cpp); CPU autocast is registered here.
-autocast_cpu_to_float32("torchext::cross_entropy")
-autocast_to_float32("torchext::cross_entropy_backward")
+# Autograd and the autocast rules are C++ (csrc/autograd.cpp, csrc/autocast.cpp).

@@ -6,7 +6,7 @@ Layout rule (docs/compile.md): every result, reduction='none' and the backward o
 the input's layout (torch's pointwise losses keep a channels-last input's layout under 'none').
 
 Autocast rule: under torch.autocast (CUDA and CPU) every op here, backward included, runs in float32, as PyTorch
-runs its own losses; the result is float32 whatever the autocast dtype.
+runs its own losses; the result is float32 whatever the autocast dtype (csrc/autocast.cpp).
 """
 
 import warnings
@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._common import autocast_to_float32, not_a_tensor
+from ._common import not_a_tensor
 
 __all__ = ["mse_loss", "binary_cross_entropy_with_logits", "multi_margin_loss"]
 
@@ -153,8 +153,4 @@ def _(grad_output, self, target, p, margin, weight, reduction):
 
 # Autograd is C++ (csrc/autograd.cpp), for the ops and their backward ops (double backward): gradients with
 # respect to input and, for mse_loss and binary_cross_entropy_with_logits, target; asking for one with respect to
-# `weight` or `pos_weight` raises NotImplementedError.
-
-for _name in ("mse_loss", "binary_cross_entropy_with_logits", "multi_margin_loss"):
-    autocast_to_float32(f"torchext::{_name}")
-    autocast_to_float32(f"torchext::{_name}_backward")
+# `weight` or `pos_weight` raises NotImplementedError. The autocast rule is C++ too (csrc/autocast.cpp).

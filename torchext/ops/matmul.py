@@ -19,8 +19,11 @@ float32 on CUDA uses tf32 tensor cores only where torch allows tf32 for matmul
 (torch.backends.cuda.matmul.allow_tf32 / torch.set_float32_matmul_precision).
 
 Autocast rule: under CUDA autocast, floating inputs other than float64 are cast to the autocast dtype (float16 or
-bfloat16), as torch does for matmul and linear. Under CPU autocast they are cast to float32 (the CPU kernels are
-float32/float64).
+bfloat16), as torch does for matmul and linear (csrc/matmul_autograd.cpp, csrc/autograd.cpp). Under CPU autocast
+they are cast to float32 (the CPU kernels are float32/float64; csrc/autocast.cpp).
+
+Autograd (C++: csrc/matmul_autograd.cpp for matmul, csrc/autograd.cpp for linear): matmul's backward calls matmul
+(so it is differentiable), linear's the fused linear_backward op.
 """
 
 from typing import Optional
@@ -28,7 +31,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._common import autocast_cpu_to_float32, autocast_cuda_to_autocast_dtype, needs_grad, not_a_tensor
+from ._common import not_a_tensor
 
 __all__ = ["matmul", "matmul_kernel", "linear", "ACTIVATIONS", "MATMUL_KERNELS"]
 
@@ -132,35 +135,5 @@ def _(grad_out, input, weight, out, saved, activation, has_bias, output_mask):
     return grad_input, grad_weight, grad_bias
 
 
-# Autograd.
-def _matmul_setup(ctx, inputs, output):
-    a, b = inputs[0], inputs[1]
-    ctx.a_shape, ctx.b_shape = a.shape, b.shape
-    ctx.save_for_backward(a if needs_grad(ctx, 1) else None, b if needs_grad(ctx, 0) else None)
-
-
-def _matmul_backward(ctx, grad):
-    a, b = ctx.saved_tensors
-    grad_a = grad_b = None
-    if needs_grad(ctx, 0):
-        # (*batch, M, N) @ (*, N, K), b's transpose read in place; then summed over a's broadcast dimensions.
-        grad_a = matmul(grad, b.mT).sum_to_size(ctx.a_shape)
-    if needs_grad(ctx, 1):
-        if len(ctx.b_shape) == 2:
-            # One (K, M*) @ (M*, N) product over every row of every batch entry.
-            grad_b = matmul(a.flatten(0, -2).mT, grad.flatten(0, -2))  # flatten, not reshape(-1, k): k or n may be 0
-        else:
-            grad_b = matmul(a.mT, grad).sum_to_size(ctx.b_shape)
-    return grad_a, grad_b, None
-
-
-torch.library.register_autograd("torchext::matmul", _matmul_backward, setup_context=_matmul_setup)
-
-
-# linear's autograd and CUDA autocast rule are C++ (csrc/autograd.cpp).
-
-for _name in ("matmul", "matmul_kernel"):
-    autocast_cuda_to_autocast_dtype(f"torchext::{_name}")
-for _name in ("matmul", "matmul_kernel", "linear"):
-    autocast_cpu_to_float32(f"torchext::{_name}")
-autocast_cpu_to_float32("torchext::linear_backward")
+# The autograd of matmul and linear, and their autocast rules, are C++ (csrc/matmul_autograd.cpp, csrc/autograd.cpp,
+# csrc/autocast.cpp): LibTorch programs get them too.

@@ -6,13 +6,13 @@ ops too). Backward differentiates from the saved output alone:
 softmax: grad_input = y * (grad - sum(grad * y)); log_softmax: grad_input = grad - exp(y) * sum(grad).
 
 Autocast rule: under torch.autocast (CUDA and CPU), all four ops cast their floating inputs to float32 and return
-float32, as PyTorch runs softmax and log_softmax in float32 under autocast.
+float32, as PyTorch runs softmax and log_softmax in float32 under autocast (csrc/autocast.cpp).
 """
 
 import torch
 from torch import Tensor
 
-from ._common import autocast_to_float32, not_a_tensor
+from ._common import not_a_tensor
 
 __all__ = ["softmax", "log_softmax"]
 
@@ -41,8 +41,4 @@ for _name in ("softmax", "log_softmax"):
     )
 
 
-# Autograd is C++ (csrc/autograd.cpp): both differentiate from their output.
-
-for _name in ("softmax", "log_softmax"):
-    autocast_to_float32(f"torchext::{_name}")
-    autocast_to_float32(f"torchext::{_name}_backward")
+# Autograd is C++ (csrc/autograd.cpp): both differentiate from their output. Autocast too (csrc/autocast.cpp).

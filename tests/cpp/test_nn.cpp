@@ -1,0 +1,232 @@
+// torchext::nn's modules against torch::nn's (same initialisation, parameter names, forward and backward; inside
+// torch::nn::Sequential), and the memory pool's C++ API.
+#include <sstream>
+
+#include "common.h"
+
+#if __has_include(<c10/cuda/CUDACachingAllocator.h>)  // a CUDA build of torch
+#include <c10/cuda/CUDACachingAllocator.h>
+#define TORCHEXT_TEST_TORCH_CUDA 1
+#endif
+
+namespace {
+
+using at::Tensor;
+using torchext_test::expect_close;
+
+// Copies `from`'s parameters into `to` in order (the Sequentials' indices differ where torchext fuses an activation
+// into the layer before it, so the names do).
+void copy_parameters_in_order(torch::nn::Module& from, torch::nn::Module& to) {
+  torch::NoGradGuard no_grad;
+  const auto source = from.parameters();
+  auto target = to.parameters();
+  ASSERT_EQ(source.size(), target.size());
+  for (size_t i = 0; i < source.size(); ++i) {
+    ASSERT_EQ(source[i].sizes(), target[i].sizes()) << "parameter " << i;
+    target[i].copy_(source[i]);
+  }
+}
+
+// forward and the gradients of every parameter and of the input, stock against torchext.
+void expect_same_training_step(torch::nn::Sequential stock, torch::nn::Sequential ours, const Tensor& input,
+                               const std::string& what) {
+  const Tensor x1 = input.clone().requires_grad_(true), x2 = input.clone().requires_grad_(true);
+  const Tensor y1 = stock->forward(x1), y2 = ours->forward(x2);
+  expect_close(y2, y1, what + " forward", 1e-5, 1e-5);
+  const Tensor g = torch::randn_like(y1);
+  y1.backward(g);
+  y2.backward(g);
+  expect_close(x2.grad(), x1.grad(), what + " input.grad", 1e-5, 1e-5);
+  const auto p1 = stock->parameters(), p2 = ours->parameters();
+  for (size_t i = 0; i < p1.size(); ++i) {
+    expect_close(p2[i].grad(), p1[i].grad(), what + " parameter " + std::to_string(i) + " grad", 1e-5, 1e-5);
+  }
+}
+
+TEST(Modules, MlpInSequentialMatchesTorch) {
+  torch::manual_seed(0);
+  torch::nn::Sequential stock(torch::nn::Flatten(), torch::nn::Linear(12, 16), torch::nn::ReLU(),
+                              torch::nn::Linear(16, 16), torch::nn::GELU(), torch::nn::Linear(16, 8), torch::nn::SiLU(),
+                              torch::nn::Linear(8, 5), torch::nn::LogSoftmax(1));
+  torch::nn::Sequential ours(torch::nn::Flatten(), torchext::nn::Linear(12, 16, "relu"), torchext::nn::Linear(16, 16),
+                             torchext::nn::GELU(), torchext::nn::Linear(16, 8), torchext::nn::SiLU(),
+                             torchext::nn::Linear(8, 5), torchext::nn::LogSoftmax(1));
+  copy_parameters_in_order(*stock, *ours);
+  expect_same_training_step(stock, ours, torch::randn({7, 3, 4}), "mlp");
+}
+
+TEST(Modules, CnnInSequentialMatchesTorch) {
+  torch::manual_seed(0);
+  torch::nn::Sequential stock(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).padding(1)), torch::nn::ReLU(),
+                              torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 8, 3).stride(2).padding(1).groups(2)),
+                              torch::nn::Tanh(), torch::nn::Flatten(), torch::nn::Linear(8 * 4 * 4, 10));
+  torch::nn::Sequential ours(torchext::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).padding(1), "relu"),
+                             torchext::nn::Conv2d(torch::nn::Conv2dOptions(8, 8, 3).stride(2).padding(1).groups(2)),
+                             torchext::nn::Tanh(), torch::nn::Flatten(), torchext::nn::Linear(8 * 4 * 4, 10));
+  copy_parameters_in_order(*stock, *ours);
+  expect_same_training_step(stock, ours, torch::randn({2, 3, 8, 8}), "cnn");
+}
+
+// Same constructor, parameter names and shapes, and initialisation (same seed, same values) as torch::nn's.
+TEST(Modules, LinearAndConv2dMirrorTorch) {
+  torch::manual_seed(3);
+  torch::nn::Linear stock_linear(torch::nn::LinearOptions(7, 4).bias(true));
+  torch::manual_seed(3);
+  torchext::nn::Linear linear(torch::nn::LinearOptions(7, 4).bias(true), "gelu");
+  for (const auto& item : stock_linear->named_parameters()) {
+    ASSERT_TRUE(linear->named_parameters().contains(item.key())) << "Linear has no parameter " << item.key();
+    EXPECT_TRUE(torch::equal(linear->named_parameters()[item.key()], item.value())) << "Linear init of " << item.key();
+  }
+  EXPECT_EQ(linear->named_parameters().size(), stock_linear->named_parameters().size());
+  torchext::nn::Linear no_bias(torch::nn::LinearOptions(7, 4).bias(false));
+  EXPECT_FALSE(no_bias->bias.defined());
+  EXPECT_EQ(no_bias->named_parameters().size(), 1u);
+
+  torch::manual_seed(5);
+  torch::nn::Conv2d stock_conv(torch::nn::Conv2dOptions(4, 6, {3, 2}).groups(2).bias(true));
+  torch::manual_seed(5);
+  torchext::nn::Conv2d conv(torch::nn::Conv2dOptions(4, 6, {3, 2}).groups(2).bias(true));
+  for (const auto& item : stock_conv->named_parameters()) {
+    EXPECT_TRUE(torch::equal(conv->named_parameters()[item.key()], item.value())) << "Conv2d init of " << item.key();
+  }
+
+  std::ostringstream text;
+  text << *linear << " " << *conv;
+  EXPECT_EQ(text.str(),
+            "torchext::nn::Linear(in_features=7, out_features=4, bias=true, activation=gelu) "
+            "torchext::nn::Conv2d(4, 6, kernel_size=[3, 2], stride=[1, 1], groups=2)");
+
+  // A state dict saved from the stock module loads into torchext's (same keys and shapes).
+  std::stringstream buffer;
+  torch::save(stock_linear, buffer);
+  torchext::nn::Linear loaded(7, 4, "gelu");
+  torch::load(loaded, buffer);
+  EXPECT_TRUE(torch::equal(loaded->weight, stock_linear->weight));
+}
+
+// Every padding option of torch::nn::Conv2d (an amount, kValid, kSame with odd and even kernels, and the padding
+// modes), batched and unbatched, and clone() keeping torchext's forward.
+TEST(Modules, Conv2dPaddingAndClone) {
+  torch::manual_seed(0);
+  std::vector<torch::nn::Conv2dOptions> options = {
+      torch::nn::Conv2dOptions(3, 4, 3).padding(1),
+      torch::nn::Conv2dOptions(3, 4, 3).padding(torch::kValid),
+      torch::nn::Conv2dOptions(3, 4, 3).padding(torch::kSame).dilation(2),
+      torch::nn::Conv2dOptions(3, 4, {2, 4}).padding(torch::kSame),
+      torch::nn::Conv2dOptions(3, 4, 3).padding(2).padding_mode(torch::kReflect),
+      torch::nn::Conv2dOptions(3, 4, 3).padding(1).padding_mode(torch::kCircular),
+      torch::nn::Conv2dOptions(3, 4, 3).padding(1).padding_mode(torch::kReplicate).stride(2),
+  };
+  for (size_t i = 0; i < options.size(); ++i) {
+    const std::string what = "Conv2d options " + std::to_string(i);
+    torch::nn::Conv2d stock(options[i]);
+    torchext::nn::Conv2d ours(options[i]);
+    {
+      torch::NoGradGuard no_grad;
+      ours->weight.copy_(stock->weight);
+      ours->bias.copy_(stock->bias);
+    }
+    const Tensor x = torch::randn({2, 3, 9, 8});
+    expect_close(ours(x), stock(x), what, 1e-5, 1e-5);
+    expect_close(ours(x[0]), stock(x[0]), what + " unbatched", 1e-5, 1e-5);
+    const auto copy = std::dynamic_pointer_cast<torchext::nn::Conv2dImpl>(ours->clone());
+    ASSERT_TRUE(copy != nullptr) << "[" << what << "] clone() is not a torchext Conv2d";
+    expect_close(copy->forward(x), stock(x), what + " clone", 1e-5, 1e-5);
+  }
+}
+
+TEST(Modules, ActivationsAndLossesMatchTorch) {
+  torch::manual_seed(0);
+  const Tensor x = torch::randn({6, 5}, torch::kDouble);
+  expect_close(torchext::nn::ReLU()(x), torch::nn::ReLU()(x), "ReLU");
+  expect_close(torchext::nn::LeakyReLU(torch::nn::LeakyReLUOptions().negative_slope(0.3))(x),
+               torch::nn::LeakyReLU(torch::nn::LeakyReLUOptions().negative_slope(0.3))(x), "LeakyReLU");
+  expect_close(torchext::nn::Sigmoid()(x), torch::nn::Sigmoid()(x), "Sigmoid");
+  expect_close(torchext::nn::Tanh()(x), torch::nn::Tanh()(x), "Tanh");
+  expect_close(torchext::nn::GELU(torch::nn::GELUOptions().approximate("tanh"))(x),
+               torch::nn::GELU(torch::nn::GELUOptions().approximate("tanh"))(x), "GELU tanh");
+  expect_close(torchext::nn::SiLU()(x), torch::nn::SiLU()(x), "SiLU");
+  expect_close(torchext::nn::Softmax(0)(x), torch::nn::Softmax(0)(x), "Softmax");
+  expect_close(torchext::nn::LogSoftmax(1)(x), torch::nn::LogSoftmax(1)(x), "LogSoftmax");
+
+  const Tensor t = torch::tensor({0, 4, 2, 1, 3, 2});
+  const Tensor w = torch::rand({5}, torch::kDouble) + 0.5;
+  auto ce = torch::nn::CrossEntropyLossOptions().weight(w).ignore_index(2).label_smoothing(0.1).reduction(torch::kSum);
+  torchext::nn::CrossEntropyLoss ours_ce(ce);
+  expect_close(ours_ce(x, t), torch::nn::CrossEntropyLoss(ce)(x, t), "CrossEntropyLoss");
+  EXPECT_TRUE(ours_ce->named_buffers().contains("weight")) << "CrossEntropyLoss's weight is a buffer, as torch's";
+  const Tensor y = torch::randn({6, 5}, torch::kDouble);
+  expect_close(torchext::nn::MSELoss(torch::nn::MSELossOptions(torch::kNone))(x, y),
+               torch::nn::MSELoss(torch::nn::MSELossOptions(torch::kNone))(x, y), "MSELoss");
+  auto bce = torch::nn::BCEWithLogitsLossOptions().weight(w).pos_weight(w * 2);
+  expect_close(torchext::nn::BCEWithLogitsLoss(bce)(x, y.sigmoid()), torch::nn::BCEWithLogitsLoss(bce)(x, y.sigmoid()),
+               "BCEWithLogitsLoss");
+  auto mm = torch::nn::MultiMarginLossOptions().p(2).margin(0.5).weight(w);
+  expect_close(torchext::nn::MultiMarginLoss(mm)(x, t), torch::nn::MultiMarginLoss(mm)(x, t), "MultiMarginLoss");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The memory pool.
+
+TEST(Pool, KindsAndErrorsWithoutEnabling) {
+  EXPECT_EQ(std::string(torchext::memory::kKinds[0]), "best_fit");
+  if (torchext_test::has_cuda()) GTEST_SKIP() << "the enabled pool is tested by PoolEnabled.*, in its own process";
+  // No pool can be PyTorch's allocator here (a CPU-only build, or no GPU): a clear error, and nothing enabled.
+  try {
+    torchext::memory::enable_pool("best_fit");
+    ADD_FAILURE() << "enable_pool returned without a GPU";
+  } catch (const c10::Error& e) {
+    const std::string message = e.what_without_backtrace();
+    EXPECT_NE(message.find("torchext.memory.enable_pool needs a"), std::string::npos) << message;
+  }
+  EXPECT_EQ(torchext::memory::enabled_kind(), "");
+  EXPECT_FALSE(torchext::memory::is_enabled());
+  EXPECT_THROW(torchext::memory::stats(), c10::Error);
+  EXPECT_THROW(torchext::memory::empty_cache(), c10::Error);
+  // A bad kind names the argument, before anything else is looked at.
+  try {
+    torchext::memory::enable_pool("buddy");
+    ADD_FAILURE() << "enable_pool('buddy') returned";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("`kind`"), std::string::npos) << e.what_without_backtrace();
+  }
+}
+
+// Runs in a process of its own (a CTest entry of its own): the pool must become PyTorch's allocator before anything
+// touches CUDA.
+TEST(PoolEnabled, PyTorchAllocatesFromThePool) {
+  if (!torchext_test::has_cuda()) GTEST_SKIP() << "needs a CUDA device and a torchext build with CUDA";
+  torchext::memory::enable_pool("best_fit");
+  EXPECT_EQ(torchext::memory::enabled_kind(), "best_fit");
+  EXPECT_TRUE(torchext::memory::is_enabled());
+  torchext::memory::enable_pool("best_fit");  // the same kind again: nothing to do
+  EXPECT_THROW(torchext::memory::enable_pool("pow2"), c10::Error);
+  const auto before = torchext::memory::stats();
+  Tensor x = torch::empty({1 << 20}, torch::TensorOptions().device(torch::kCUDA));  // 4 MiB
+  const auto during = torchext::memory::stats();
+  EXPECT_GE(during.allocated_bytes - before.allocated_bytes, 4 << 20) << "the tensor did not come from the pool";
+  EXPECT_GE(during.requested_bytes - before.requested_bytes, 4 << 20);
+  EXPECT_GT(during.allocations, before.allocations);
+#ifdef TORCHEXT_TEST_TORCH_CUDA
+  // PyTorch's own statistics read the pool.
+  const auto device_stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+  EXPECT_EQ(device_stats.allocated_bytes[0].current, during.allocated_bytes);
+#endif
+  // A trained step's worth of work runs on it.
+  torch::nn::Sequential net(torchext::nn::Linear(64, 64, "relu"), torchext::nn::Linear(64, 10));
+  net->to(torch::kCUDA);
+  torchext::nn::CrossEntropyLoss()(
+      net->forward(torch::randn({32, 64}, torch::kCUDA)),
+      torch::randint(0, 10, {32}, torch::TensorOptions().device(torch::kCUDA).dtype(torch::kLong)))
+      .backward();
+  x.reset();
+  torch::cuda::synchronize();
+  const auto after = torchext::memory::stats();
+  EXPECT_LT(after.allocated_bytes, during.allocated_bytes + (1 << 20));
+  EXPECT_GE(after.allocated_bytes_peak, during.allocated_bytes);
+  torchext::memory::reset_peak_stats();
+  EXPECT_EQ(torchext::memory::stats().allocated_bytes_peak, torchext::memory::stats().allocated_bytes);
+  EXPECT_GE(torchext::memory::empty_cache(), 0);
+}
+
+}  // namespace
