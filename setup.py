@@ -197,7 +197,9 @@ def make_extensions():
         glob.glob("csrc/*.h") + glob.glob("csrc/include/torchext/**/*.h", recursive=True) + glob.glob("cuda_ops/*.h*")
     )
     opt = ["-O0", "-g"] if debug else ["-O3"]
-    cxx_flags = opt + ["-fdiagnostics-color=always"]
+    # C++20 for the host code (csrc/autocast.h's op-name template parameters, the public headers): torch 2.14 picks
+    # it itself, older releases (2.11 on the GPU machines) pick C++17; given here, torch adds no -std of its own.
+    cxx_flags = opt + ["-fdiagnostics-color=always", "-std=c++20"]
     # at::parallel_for is a header template over OpenMP (ATen/ParallelOpenMP.h): without -fopenmp its
     # `#pragma omp parallel` is ignored and every CPU kernel runs on one thread. Linked with -fopenmp, the library
     # needs libgomp.so.1, which resolves to the one torch has already loaded (torch/lib/libgomp.so.1), so both
