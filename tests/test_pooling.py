@@ -449,8 +449,11 @@ def test_cuda_channels_last_vector_widths(channels, dtype):
         out = tf.max_pool2d(xg, 3, 2, 1)
         g = torch.randn_like(out)
         (grad,) = torch.autograd.grad(out, xg, g)
+        # Overlapping windows: an input element sums the gradients of several outputs, in float32 on the GPU, in
+        # float64 in the reference; with cancellation a sum's error is a few float32 ulps of its terms, not of itself.
         torch.testing.assert_close(grad.cpu().double(), unpool_grad(g, idx, x.shape), rtol=GRAD_RTOL[dtype],
-                                   atol=1e-12, msg=lambda m, w=what: f"[{w}: max_pool2d input.grad] {m}")  # fmt: skip
+                                   atol=1e-6 if dtype == torch.float32 else 1e-12,
+                                   msg=lambda m, w=what: f"[{w}: max_pool2d input.grad] {m}")  # fmt: skip
 
 
 @gpu
@@ -485,4 +488,6 @@ def test_cuda_more_than_2_31_elements():
     del grad, out, idx
     torch.testing.assert_close(tf.avg_pool2d(x, 2), F.avg_pool2d(x, 2), msg="[avg_pool2d past 2^31]")
     size = (8192, 8208)
-    torch.testing.assert_close(tf.adaptive_avg_pool2d(x, size), F.adaptive_avg_pool2d(x, size), msg="[adaptive]")
+    # torch's own CUDA adaptive_avg_pool2d asserts numel < 2^31 (AdaptiveAveragePooling.cu): halving the image is
+    # the same 2 x 2 average as avg_pool2d's, which the line above checked against torch's.
+    torch.testing.assert_close(tf.adaptive_avg_pool2d(x, size), tf.avg_pool2d(x, 2), msg="[adaptive]")
