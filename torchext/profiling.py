@@ -150,6 +150,11 @@ _FAMILY_RULES = [
 # torchext's kernels whose names do not say their op (helpers of one op's files in cuda_ops/), by file.
 _TORCHEXT_RULES = [
     (
+        "batch_norm",
+        r"::(?:normalize_(?:rows_vec|flat)|backward_(?:rows_vec|flat)|reduce_(?:rows_vec|channel)"
+        r"|finalize_(?:forward|backward))_kernel",
+    ),
+    (
         "conv",
         r"::(?:im2col|col2im|accumulate|dy_copy|nchw_epilogue|store_weight|reduce_(?:channels|rows)_fast|finalize)"
         r"_kernel",
