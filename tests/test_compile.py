@@ -200,6 +200,11 @@ def norm_group(lib):
             make_tensor(SHAPE, dtype, device), make_tensor(SHAPE, dtype, device, "channels_last"),
             make_tensor(SHAPE, dtype, device, "channels_last"), make_tensor((3,), dtype, device, low=0.5, high=2.0),
             make_tensor((3,), dtype, device),
+        ]  # fmt: skip
+
+    return run, names, inputs
+
+
 def pooling_group(lib):
     """max_pool2d (indices too), avg_pool2d and adaptive_avg_pool2d on contiguous, channels-last and unbatched
     inputs, with ceil_mode, padding, divisor_override and None in output_size."""
@@ -237,9 +242,8 @@ GROUPS = {
     "products": products_group,
     "conv": conv_group,
     "norm": norm_group,
+    "pooling": pooling_group,
 }
-GROUPS = {"unary": unary_group, "losses": losses_group, "products": products_group, "conv": conv_group,
-          "pooling": pooling_group}  # fmt: skip
 
 
 def forward_backward(fn, inputs, grad_weights=None):
