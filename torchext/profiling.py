@@ -149,6 +149,7 @@ _FAMILY_RULES = [
 ]
 # torchext's kernels whose names do not say their op (helpers of one op's files in cuda_ops/), by file.
 _TORCHEXT_RULES = [
+    ("pool", r"::(?:avg_(?:forward|backward)_\w+|global_avg_pool_\w+)_kernel"),
     (
         "batch_norm",
         r"::(?:normalize_(?:rows_vec|flat)|backward_(?:rows_vec|flat)|reduce_(?:rows_vec|channel)"
