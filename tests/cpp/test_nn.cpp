@@ -135,6 +135,145 @@ TEST(Modules, Conv2dPaddingAndClone) {
   }
 }
 
+// A small CNN with batch norm and every pool, inside torch::nn::Sequential, against torch::nn's.
+TEST(Modules, BatchNormAndPoolsInSequentialMatchTorch) {
+  torch::manual_seed(0);
+  torch::nn::Sequential stock(
+      torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).padding(1)), torch::nn::BatchNorm2d(8), torch::nn::ReLU(),
+      torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(2)), torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 8, 3)),
+      torch::nn::BatchNorm2d(torch::nn::BatchNormOptions(8).momentum(std::nullopt)),
+      torch::nn::AvgPool2d(torch::nn::AvgPool2dOptions(3).stride(1).padding(1).count_include_pad(false)),
+      torch::nn::AdaptiveAvgPool2d(torch::nn::AdaptiveAvgPool2dOptions({2, 2})), torch::nn::Flatten(),
+      torch::nn::Linear(8 * 2 * 2, 5));
+  torch::nn::Sequential ours(
+      torchext::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).padding(1)), torchext::nn::BatchNorm2d(8, "relu"),
+      torchext::nn::MaxPool2d(torch::nn::MaxPool2dOptions(2)), torchext::nn::Conv2d(torch::nn::Conv2dOptions(8, 8, 3)),
+      torchext::nn::BatchNorm2d(torch::nn::BatchNormOptions(8).momentum(std::nullopt)),
+      torchext::nn::AvgPool2d(torch::nn::AvgPool2dOptions(3).stride(1).padding(1).count_include_pad(false)),
+      torchext::nn::AdaptiveAvgPool2d(torch::nn::AdaptiveAvgPool2dOptions({2, 2})), torch::nn::Flatten(),
+      torchext::nn::Linear(8 * 2 * 2, 5));
+  copy_parameters_in_order(*stock, *ours);
+  for (int step = 0; step < 3; ++step) {
+    expect_same_training_step(stock, ours, torch::randn({4, 3, 12, 12}), "bn cnn step " + std::to_string(step));
+  }
+  // The running statistics (exponential and cumulative averages) and the batch counts agree.
+  const auto b1 = stock->named_buffers(), b2 = ours->named_buffers();
+  ASSERT_EQ(b1.size(), b2.size());
+  for (size_t i = 0; i < b1.size(); ++i) {
+    expect_close(b2[i].value(), b1[i].value(), "buffer " + b1[i].key(), 1e-5, 1e-6);
+  }
+  stock->eval();
+  ours->eval();
+  const Tensor x = torch::randn({2, 3, 12, 12});
+  expect_close(ours->forward(x), stock->forward(x), "bn cnn eval", 1e-5, 1e-5);
+}
+
+// BatchNorm2d: torch's parameters, buffers, initialisation, state-dict keys, training / eval behaviour (momentum,
+// cumulative averaging, track_running_stats false), the fused relu and add + relu, clone(), printing.
+TEST(Modules, BatchNorm2dMirrorsTorch) {
+  torch::manual_seed(0);
+  for (const auto& options :
+       {torch::nn::BatchNormOptions(4), torch::nn::BatchNormOptions(4).momentum(std::nullopt),
+        torch::nn::BatchNormOptions(4).momentum(0.3).eps(1e-3), torch::nn::BatchNormOptions(4).affine(false),
+        torch::nn::BatchNormOptions(4).track_running_stats(false)}) {
+    std::ostringstream name;
+    torch::nn::BatchNorm2d stock(options);
+    name << *stock;
+    const std::string what = name.str();
+    torchext::nn::BatchNorm2d ours(options), fused(options, "relu");
+    torchext::nn::BatchNormAddReLU2d add_relu(options);
+    for (const auto& item : stock->named_parameters()) {
+      EXPECT_TRUE(torch::equal(ours->named_parameters()[item.key()], item.value())) << what << " " << item.key();
+    }
+    EXPECT_EQ(ours->named_parameters().size(), stock->named_parameters().size()) << what;
+    EXPECT_EQ(ours->named_buffers().size(), stock->named_buffers().size()) << what;
+    for (int step = 0; step < 4; ++step) {
+      const bool train = step < 3;
+      for (torch::nn::Module* m :
+           std::vector<torch::nn::Module*>{stock.get(), ours.get(), fused.get(), add_relu.get()}) {
+        m->train(train);
+      }
+      const Tensor x = torch::randn({3, 4, 5, 6}) * 2 + 1, r = torch::randn_like(x);
+      const Tensor ref = stock(x);
+      const std::string at = what + (train ? " train step " : " eval step ") + std::to_string(step);
+      expect_close(ours(x), ref, at, 1e-5, 1e-5);
+      expect_close(fused(x), torch::relu(ref), at + " relu", 1e-5, 1e-5);
+      expect_close(add_relu(x, r), torch::relu(ref + r), at + " add_relu", 1e-5, 1e-5);
+      for (const auto& item : stock->named_buffers()) {
+        if (!item.value().defined()) continue;
+        expect_close(ours->named_buffers()[item.key()], item.value(), at + " " + item.key(), 1e-5, 1e-6);
+        expect_close(fused->named_buffers()[item.key()], item.value(), at + " relu " + item.key(), 1e-5, 1e-6);
+        expect_close(add_relu->named_buffers()[item.key()], item.value(), at + " add_relu " + item.key(), 1e-5, 1e-6);
+      }
+    }
+  }
+  // A state dict saved from the stock module loads into torchext's (same keys and shapes).
+  torch::nn::BatchNorm2d stock(4);
+  stock->train();
+  stock(torch::randn({2, 4, 3, 3}));
+  std::stringstream buffer;
+  torch::save(stock, buffer);
+  torchext::nn::BatchNorm2d loaded(4, "relu");
+  torch::load(loaded, buffer);
+  EXPECT_TRUE(torch::equal(loaded->running_mean, stock->running_mean));
+  EXPECT_EQ(loaded->num_batches_tracked.item<int64_t>(), 1);
+  const auto copy = std::dynamic_pointer_cast<torchext::nn::BatchNorm2dImpl>(loaded->clone());
+  ASSERT_TRUE(copy != nullptr) << "clone() is not a torchext BatchNorm2d";
+  EXPECT_EQ(copy->activation, "relu");
+
+  std::ostringstream text;
+  text << *loaded << " " << *torchext::nn::BatchNormAddReLU2d(torch::nn::BatchNormOptions(2).momentum(std::nullopt));
+  EXPECT_EQ(text.str(),
+            "torchext::nn::BatchNorm2d(4, eps=1e-05, momentum=0.1, affine=true, track_running_stats=true, "
+            "activation=relu) torchext::nn::BatchNormAddReLU2d(2, eps=1e-05, momentum=None, affine=true, "
+            "track_running_stats=true)");
+  EXPECT_THROW(torchext::nn::BatchNorm2d(4, "gelu"), c10::Error);
+  EXPECT_THROW(loaded(torch::randn({2, 4, 3})), c10::Error);
+}
+
+// The pooling modules against torch::nn's: options, batched and unbatched input, indices, clone(), printing.
+TEST(Modules, PoolsMatchTorch) {
+  torch::manual_seed(0);
+  const Tensor x = torch::randn({2, 3, 9, 10}, torch::kDouble);
+  for (const auto& options : {torch::nn::MaxPool2dOptions(2), torch::nn::MaxPool2dOptions({3, 2}).stride({2, 1}),
+                              torch::nn::MaxPool2dOptions(3).stride(2).padding(1).dilation(1).ceil_mode(true)}) {
+    torch::nn::MaxPool2d stock(options);
+    torchext::nn::MaxPool2d ours(options);
+    expect_close(ours(x), stock(x), "MaxPool2d");
+    expect_close(ours(x[0]), stock(x[0]), "MaxPool2d unbatched");
+    const auto [out, indices] = ours->forward_with_indices(x);
+    EXPECT_TRUE(torch::equal(indices, std::get<1>(stock->forward_with_indices(x)))) << "MaxPool2d indices";
+  }
+  for (const auto& options :
+       {torch::nn::AvgPool2dOptions(2), torch::nn::AvgPool2dOptions(3).stride(2).padding(1).count_include_pad(false),
+        torch::nn::AvgPool2dOptions({3, 2}).ceil_mode(true).divisor_override(4)}) {
+    torch::nn::AvgPool2d stock(options);
+    torchext::nn::AvgPool2d ours(options);
+    expect_close(ours(x), stock(x), "AvgPool2d");
+    expect_close(ours(x[0]), stock(x[0]), "AvgPool2d unbatched");
+  }
+  for (const auto& options : {torch::nn::AdaptiveAvgPool2dOptions(1), torch::nn::AdaptiveAvgPool2dOptions({4, 3}),
+                              torch::nn::AdaptiveAvgPool2dOptions({std::nullopt, 2})}) {
+    torch::nn::AdaptiveAvgPool2d stock(options);
+    torchext::nn::AdaptiveAvgPool2d ours(options);
+    expect_close(ours(x), stock(x), "AdaptiveAvgPool2d");
+    expect_close(ours(x[0]), stock(x[0]), "AdaptiveAvgPool2d unbatched");
+  }
+  torchext::nn::MaxPool2d pool(torch::nn::MaxPool2dOptions(3).stride(2));
+  const auto copy = std::dynamic_pointer_cast<torchext::nn::MaxPool2dImpl>(pool->clone());
+  ASSERT_TRUE(copy != nullptr) << "clone() is not a torchext MaxPool2d";
+  std::ostringstream text;
+  text << *pool << " " << *torchext::nn::AvgPool2d(2) << " " << *torchext::nn::AdaptiveAvgPool2d(3);
+  std::ostringstream stock_text;
+  stock_text << *torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(3).stride(2)) << " " << *torch::nn::AvgPool2d(2)
+             << " " << *torch::nn::AdaptiveAvgPool2d(3);
+  std::string expected = stock_text.str();
+  for (size_t at = expected.find("torch::nn::"); at != std::string::npos; at = expected.find("torch::nn::", at + 14)) {
+    expected.replace(at, 5, "torchext");
+  }
+  EXPECT_EQ(text.str(), expected);
+}
+
 TEST(Modules, ActivationsAndLossesMatchTorch) {
   torch::manual_seed(0);
   const Tensor x = torch::randn({6, 5}, torch::kDouble);

@@ -38,6 +38,10 @@ const std::set<std::string> kBackwardOps = {
     "multi_margin_loss_backward",
     "linear_backward",
     "conv2d_backward",
+    "batch_norm_backward",
+    "max_pool2d_backward",
+    "avg_pool2d_backward",
+    "adaptive_avg_pool2d_backward",
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -299,6 +303,142 @@ void check_conv2d_stats(const std::string& device) {
   expect_close(ga[2], gb[2], "conv2d_stats grad bias", 1e-8, 1e-9);
 }
 
+// batch_norm, batch_norm_relu and batch_norm_add_relu against at::batch_norm (then relu, or + residual and relu): in
+// training (the running buffers updated in place, as ATen's) and in eval, with and without weight and bias, on a
+// contiguous and a channels-last input; gradients of input, weight, bias (and residual).
+enum class BatchNormKind { kPlain, kRelu, kAddRelu };
+
+void check_batch_norm_kind(const std::string& device, BatchNormKind kind, const std::string& name) {
+  const Tensor w = leaf(torch::rand({3}) + 0.5, device), b = leaf(torch::randn({3}), device);
+  const Tensor mean0 = torch::randn({3}, w.options().requires_grad(false));
+  const Tensor var0 = torch::rand({3}, w.options().requires_grad(false)) + 0.5;
+  for (const bool channels_last : {false, true}) {
+    Tensor x0 = torch::randn({4, 3, 5, 6});
+    if (channels_last) x0 = x0.contiguous(at::MemoryFormat::ChannelsLast);
+    const Tensor x = x0.to(torch::Device(device), at::kDouble).requires_grad_(true);
+    const Tensor r = leaf(torch::randn({4, 3, 5, 6}), device);
+    for (const bool training : {true, false}) {
+      for (const bool affine : {true, false}) {
+        const std::string what = name + (training ? " training" : " eval") + (affine ? " affine" : "") +
+                                 (channels_last ? " channels_last" : "");
+        const std::optional<Tensor> weight = affine ? std::optional<Tensor>(w) : std::nullopt;
+        const std::optional<Tensor> bias = affine ? std::optional<Tensor>(b) : std::nullopt;
+        const Tensor our_mean = mean0.clone(), our_var = var0.clone();
+        const Tensor ref_mean = mean0.clone(), ref_var = var0.clone();
+        Tensor ours, ref = at::batch_norm(x, weight, bias, ref_mean, ref_var, training, 0.3, 1e-4, false);
+        if (kind == BatchNormKind::kPlain) {
+          ours = torchext::batch_norm(x, weight, bias, our_mean, our_var, training, 0.3, 1e-4);
+        } else if (kind == BatchNormKind::kRelu) {
+          ours = torchext::batch_norm_relu(x, weight, bias, our_mean, our_var, training, 0.3, 1e-4);
+          ref = at::relu(ref);
+        } else {
+          ours = torchext::batch_norm_add_relu(x, r, weight, bias, our_mean, our_var, training, 0.3, 1e-4);
+          ref = at::relu(ref + r);
+        }
+        expect_close(ours, ref, what);
+        expect_close(our_mean, ref_mean, what + " running_mean");
+        expect_close(our_var, ref_var, what + " running_var");
+        EXPECT_EQ(ours.is_contiguous(at::MemoryFormat::ChannelsLast) && !ours.is_contiguous(), channels_last)
+            << "[" << what << "] the output takes input's memory format";
+        const Tensor g = torch::randn_like(ref);
+        const auto ga = grads(ours, {x, w, b, r}, g), gb = grads(ref, {x, w, b, r}, g);
+        expect_close(ga[0], gb[0], what + " grad input", 1e-8, 1e-10);
+        if (affine) {
+          expect_close(ga[1], gb[1], what + " grad weight", 1e-8, 1e-10);
+          expect_close(ga[2], gb[2], what + " grad bias", 1e-8, 1e-10);
+        }
+        if (kind == BatchNormKind::kAddRelu) expect_close(ga[3], gb[3], what + " grad residual");
+      }
+    }
+  }
+  // Without running buffers: the batch's statistics (training), the defaults momentum 0.1 and eps 1e-5.
+  const Tensor x = leaf(torch::randn({2, 3, 4, 4}), device);
+  Tensor ref = at::batch_norm(x, std::nullopt, std::nullopt, std::nullopt, std::nullopt, true, 0.1, 1e-5, false);
+  Tensor ours;
+  if (kind == BatchNormKind::kPlain) {
+    ours = torchext::batch_norm(x, std::nullopt, std::nullopt, std::nullopt, std::nullopt, true);
+  } else if (kind == BatchNormKind::kRelu) {
+    ours = torchext::batch_norm_relu(x, std::nullopt, std::nullopt, std::nullopt, std::nullopt, true);
+    ref = at::relu(ref);
+  } else {
+    ours = torchext::batch_norm_add_relu(x, x, std::nullopt, std::nullopt, std::nullopt, std::nullopt, true);
+    ref = at::relu(ref + x);
+  }
+  expect_close(ours, ref, name + " no running buffers, defaults");
+}
+void check_batch_norm(const std::string& d) { check_batch_norm_kind(d, BatchNormKind::kPlain, "batch_norm"); }
+void check_batch_norm_relu(const std::string& d) { check_batch_norm_kind(d, BatchNormKind::kRelu, "batch_norm_relu"); }
+void check_batch_norm_add_relu(const std::string& d) {
+  check_batch_norm_kind(d, BatchNormKind::kAddRelu, "batch_norm_add_relu");
+}
+
+// The pools on a contiguous, a channels-last and an unbatched (3-D) input.
+std::vector<Tensor> pool_inputs(const std::string& device) {
+  std::vector<Tensor> out;
+  for (Tensor x0 : {torch::randn({2, 3, 9, 11}), torch::randn({2, 3, 9, 11}).contiguous(at::MemoryFormat::ChannelsLast),
+                    torch::randn({3, 8, 7})}) {
+    out.push_back(x0.to(torch::Device(device), at::kDouble).requires_grad_(true));  // keeps the layout
+  }
+  return out;
+}
+
+void check_max_pool2d(const std::string& device) {
+  // kernel, stride, padding, dilation, ceil_mode
+  using Case = std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, bool>;
+  const std::vector<Case> cases = {
+      {{2}, {}, {0}, {1}, false}, {{3, 2}, {2, 1}, {1, 0}, {1, 2}, false}, {{3}, {2}, {1}, {1}, true}};
+  for (const Tensor& x : pool_inputs(device)) {
+    for (const auto& [k, s, p, d, ceil] : cases) {
+      const std::string what = "max_pool2d " + c10::str(x.sizes()) + " k" + c10::str(k) + " s" + c10::str(s) +
+                               (ceil ? " ceil" : "") + (x.dim() == 4 && !x.is_contiguous() ? " channels_last" : "");
+      const auto [out, indices] = torchext::max_pool2d(x, k, s, p, d, ceil);
+      const auto [ref, ref_indices] = at::max_pool2d_with_indices(x, k, s, p, d, ceil);
+      expect_close(out, ref, what);
+      EXPECT_TRUE(torch::equal(indices, ref_indices)) << "[" << what << "] indices";
+      EXPECT_EQ(out.strides(), ref.strides()) << "[" << what << "] layout of the result";
+      const Tensor g = torch::randn_like(ref);
+      expect_close(grads(out, {x}, g)[0], grads(ref, {x}, g)[0], what + " grad");
+    }
+  }
+}
+
+void check_avg_pool2d(const std::string& device) {
+  // kernel, stride, padding, ceil_mode, count_include_pad, divisor_override
+  using Case =
+      std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, bool, bool, std::optional<int64_t>>;
+  const std::vector<Case> cases = {{{2}, {}, {0}, false, true, std::nullopt},
+                                   {{3, 2}, {2, 1}, {1, 0}, false, false, std::nullopt},
+                                   {{3}, {2}, {1}, true, true, std::nullopt},
+                                   {{3}, {2}, {1}, true, false, std::nullopt},
+                                   {{2, 3}, {1, 2}, {1}, false, true, 5}};
+  for (const Tensor& x : pool_inputs(device)) {
+    for (const auto& [k, s, p, ceil, include_pad, divisor] : cases) {
+      const std::string what = "avg_pool2d " + c10::str(x.sizes()) + " k" + c10::str(k) + " s" + c10::str(s) +
+                               (ceil ? " ceil" : "") + (include_pad ? "" : " exclude_pad") +
+                               (divisor ? " divisor" : "");
+      const Tensor out = torchext::avg_pool2d(x, k, s, p, ceil, include_pad, divisor);
+      const Tensor ref = at::avg_pool2d(x, k, s, p, ceil, include_pad, divisor);
+      expect_close(out, ref, what);
+      EXPECT_EQ(out.strides(), ref.strides()) << "[" << what << "] layout of the result";
+      const Tensor g = torch::randn_like(ref);
+      expect_close(grads(out, {x}, g)[0], grads(ref, {x}, g)[0], what + " grad");
+    }
+  }
+}
+
+void check_adaptive_avg_pool2d(const std::string& device) {
+  for (const Tensor& x : pool_inputs(device)) {
+    for (const std::vector<int64_t>& size : std::vector<std::vector<int64_t>>{{1}, {3, 4}, {5, 2}, {9, 11}}) {
+      const std::string what = "adaptive_avg_pool2d " + c10::str(x.sizes()) + " -> " + c10::str(size);
+      const Tensor out = torchext::adaptive_avg_pool2d(x, size);
+      const Tensor ref = at::adaptive_avg_pool2d(x, size.size() == 1 ? std::vector<int64_t>{size[0], size[0]} : size);
+      expect_close(out, ref, what);
+      const Tensor g = torch::randn_like(ref);
+      expect_close(grads(out, {x}, g)[0], grads(ref, {x}, g)[0], what + " grad");
+    }
+  }
+}
+
 // The rows: registered op name -> the check of its C++ API function.
 const std::map<std::string, std::function<void(const std::string&)>> kOpChecks = {
     {"relu", check_relu},
@@ -318,6 +458,12 @@ const std::map<std::string, std::function<void(const std::string&)>> kOpChecks =
     {"linear", check_linear},
     {"conv2d", check_conv2d},
     {"conv2d_stats", check_conv2d_stats},
+    {"batch_norm", check_batch_norm},
+    {"batch_norm_relu", check_batch_norm_relu},
+    {"batch_norm_add_relu", check_batch_norm_add_relu},
+    {"max_pool2d", check_max_pool2d},
+    {"avg_pool2d", check_avg_pool2d},
+    {"adaptive_avg_pool2d", check_adaptive_avg_pool2d},
 };
 
 std::set<std::string> registered_torchext_ops() {

@@ -13,10 +13,12 @@
 #pragma once
 
 #include <torchext/activations.h>
+#include <torchext/batch_norm.h>
 #include <torchext/conv2d.h>
 #include <torchext/cross_entropy.h>
 #include <torchext/library.h>
 #include <torchext/losses.h>
 #include <torchext/matmul.h>
 #include <torchext/memory.h>
+#include <torchext/pooling.h>
 #include <torchext/softmax.h>
