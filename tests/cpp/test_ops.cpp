@@ -495,21 +495,11 @@ INSTANTIATE_TEST_SUITE_P(EveryOp, OpAgreesWithATen,
                          ::testing::Combine(::testing::ValuesIn(op_names()), ::testing::Values("cpu", "cuda")),
                          [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 
-// Ops whose C++ API functions are written but not yet built and tested (branch cppnew): listed by name so that
-// this test still fails for any other op without a function. Empty this list when that branch lands.
-const std::set<std::string> kPendingCppApi = {
-    "batch_norm",          "batch_norm_relu",
-    "batch_norm_add_relu", "batch_norm_backward",
-    "max_pool2d",          "max_pool2d_backward",
-    "avg_pool2d",          "avg_pool2d_backward",
-    "adaptive_avg_pool2d", "adaptive_avg_pool2d_backward",
-};
-
 TEST(Ops, EveryRegisteredOpHasACppFunction) {
   const std::set<std::string> registered = registered_torchext_ops();
   ASSERT_TRUE(registered.count("relu")) << "torchext's ops are not registered: is libtorchext.so loaded?";
   for (const std::string& op : registered) {
-    EXPECT_TRUE(kOpChecks.count(op) || kBackwardOps.count(op) || kPendingCppApi.count(op))
+    EXPECT_TRUE(kOpChecks.count(op) || kBackwardOps.count(op))
         << "torchext::" << op << " has no C++ API function: add it to its family's csrc/include/torchext/<family>.h "
         << "(defined in csrc/<family>_api.cpp, included by torchext.h) and a row in kOpChecks "
            "(tests/cpp/test_ops.cpp); a pure *_backward op goes in kBackwardOps instead";
