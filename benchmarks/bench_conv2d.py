@@ -104,6 +104,17 @@ class Problem:
         )
 
 
+def _runs(fn):
+    """Whether fn() runs (a named rung may refuse one pass with a ValueError saying so)."""
+    try:
+        fn()
+        return True
+    except ValueError as e:
+        if "does not support" not in str(e):
+            raise
+        return False
+
+
 def by_mode(mode, fwd, bwd):
     """The call `mode` times, from a provider's forward fwd() and backward bwd(output_mask)."""
     if mode == "fwd":
@@ -128,7 +139,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="cifar,imagenet", help="cifar (resnet18_cifar) and/or imagenet (resnet18)")
     p.add_argument("--dtypes", default="bfloat16,float32", help="among bfloat16, float16, float32, tf32")
-    p.add_argument("--variants", default="implicit_mma", help="ladder rungs timed besides the default (comma list)")
+    p.add_argument(
+        "--variants", default="implicit_mma,implicit_wgmma", help="ladder rungs timed besides the default (comma list)"
+    )
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--out", default="benchmarks/results/conv2d_gpu.csv")
     args = p.parse_args(argv)
@@ -172,7 +185,10 @@ def main(argv=None):
                     err = ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
                     writer.row("conv2d", names[v], "fwd", [shape], dname, "max_rel_err", "", err, err, err)
                     usable.append(v)
+                runnable = list(usable)
                 for mode in MODES:
+                    # A named rung may refuse a pass (implicit_wgmma: backward_weight); the default never does.
+                    usable = [v for v in runnable if v is None or _runs(prob.torchext(mode, v))]
                     fns = [prob.cudnn(mode)] + [prob.torchext(mode, v) for v in usable]
                     times = time_interleaved(fns, device, warmup=3, reps=args.reps)
                     fl = flops_of(mode, prob.flops)

@@ -7,9 +7,10 @@
 // backward_input reads y (grad_output) and w and writes x (grad_input); backward_weight reads y and x and writes w
 // (grad_weight). Outputs follow csrc/conv2d.h's layout rule.
 //
-// Layout conversions. The tensor-core version (implicit_mma) wants NHWC activations, KRSC (channels-last) weights and
-// 16-byte rows (C a multiple of 8 in bf16 / fp16). Each pass tries, in order, and stops at the first level where the
-// named variant is supported (variant=...) or where the default choice is implicit_mma (variant=None; otherwise the
+// Layout conversions. The tensor-core versions (implicit_mma, implicit_wgmma) want NHWC activations, KRSC
+// (channels-last) weights and 16-byte rows (C a multiple of 8 in bf16 / fp16). Each pass tries, in order, and stops at the first level where the
+// named variant is supported (variant=...) or where the default choice is a tensor-core version (variant=None; otherwise
+// the
 // level giving the fastest version, the earliest on ties):
 //   level 0  the tensors as given (no copy)
 //   level 1  the tensors the pass reads converted to channels-last, one copy each (an NCHW input: one copy, the
@@ -19,10 +20,10 @@
 //   level 3  and C padded with zeros to a multiple of 8 (groups == 1): the input and weight copies get zero channels,
 //            which add nothing to y; dx and dw are computed padded and their first C channels copied out. For the
 //            3-channel stem this costs a copy of a small input; the alternative is the direct version.
-// direct and im2col take level 0 in every layout, so the levels matter only where implicit_mma can run.
+// direct and im2col take level 0 in every layout, so the levels matter only where a tensor-core version can run.
 //
-// conv2d_stats: the engine writes the per-channel sum and sum of squares (implicit_mma in its epilogue, the others in
-// a pass over the stored output, cuda_ops/conv2d.cu) into one (2 K) buffer in float32 (float64 for float64 inputs).
+// conv2d_stats: the engine writes the per-channel sum and sum of squares (the implicit versions in their epilogues, the
+// others in a pass over the stored output, cuda_ops/conv2d.cu) into one (2 K) buffer in float32 (float64 for float64 inputs).
 // `sum` is its first half (a view, shape (K,), stride (1,)); `sum_sq` a copy of the second half (shape (K,), stride
 // (1,)): two outputs of one op must not share storage (torch.library.opcheck's schema check).
 //
@@ -176,7 +177,7 @@ void run_pass(std::string_view op, Conv2dPass pass, std::optional<Conv2dKernel> 
     } else {
       l.kernel = cuda_ops::conv2d_default_kernel(pass, args);
       if (!chosen.has_value() || l.kernel > chosen->kernel) chosen = l;
-      if (l.kernel == Conv2dKernel::implicit_mma) break;
+      if (l.kernel >= Conv2dKernel::implicit_mma) break;  // a tensor-core version
     }
   }
   TORCH_CHECK_VALUE(chosen.has_value(), op, ": variant '", cuda_ops::conv2d_kernel_name(*variant),

@@ -12,6 +12,9 @@
 //                                tile's input addresses (padding, stride, dilation) as it copies them; the input's
 //                                gradient at stride > 1 split into stride^2 phases so no MMA multiplies an inserted
 //                                zero; the weight's gradient split along N P Q with a deterministic reduction
+//   cuda_ops/conv2d_wgmma.cu     implicit GEMM on Hopper's wgmma (sm_90a, bf16/fp16): a producer warpgroup gathers
+//                                the tiles with cp.async into an mbarrier ring, two consumer warpgroups multiply,
+//                                persistent over the tiles (forward and backward_input)
 //   cuda_ops/conv2d.cu           the launcher, the default choice, the bias gradient and the statistics pass
 //
 // T is float, double, __half or __nv_bfloat16; accumulation in acc_t<T> (cuda_ops/common.cuh).
@@ -82,5 +85,12 @@ template <typename T>
 size_t conv2d_implicit_workspace_bytes(Conv2dPass pass, const Conv2dArgs<T>& args);
 template <typename T>
 cudaError_t conv2d_implicit(Conv2dPass pass, const Conv2dArgs<T>& args, cudaStream_t stream, void* workspace);
+
+template <typename T>
+bool conv2d_wgmma_supported(Conv2dPass pass, const Conv2dArgs<T>& args, const char** why);
+template <typename T>
+size_t conv2d_wgmma_workspace_bytes(Conv2dPass pass, const Conv2dArgs<T>& args);
+template <typename T>
+cudaError_t conv2d_wgmma(Conv2dPass pass, const Conv2dArgs<T>& args, cudaStream_t stream, void* workspace);
 
 }  // namespace torchext::cuda_ops

@@ -25,10 +25,11 @@ enum class Conv2dKernel : int {
   direct = 0,    // one output element per thread, straight from global memory: any layout, dtype, groups, dilation
   im2col,        // the patches of x copied into a workspace matrix, then the GEMM engine (cuda_ops/matmul.cuh)
   implicit_mma,  // implicit GEMM on tensor cores (mma.sync): tiles of the patch matrix gathered as they are loaded
+  implicit_wgmma,  // the same GEMMs on Hopper's wgmma: a producer warpgroup gathers, two consumer warpgroups multiply
   count
 };
 
-inline constexpr const char* kConv2dKernelNames[] = {"direct", "im2col", "implicit_mma"};
+inline constexpr const char* kConv2dKernelNames[] = {"direct", "im2col", "implicit_mma", "implicit_wgmma"};
 static_assert(sizeof(kConv2dKernelNames) / sizeof(kConv2dKernelNames[0]) == static_cast<int>(Conv2dKernel::count));
 
 inline const char* conv2d_kernel_name(Conv2dKernel kernel) {

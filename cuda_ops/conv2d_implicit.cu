@@ -46,6 +46,7 @@
 
 #include "common.cuh"
 #include "conv2d.cuh"
+#include "conv2d_implicit.cuh"
 #include "matmul_epilogue.cuh"
 #include "mma_sync.cuh"
 
@@ -75,70 +76,6 @@ using Tile128x128 = ConvTile<128, 128, 2, 2, 2>;  // 128 threads, 99 KiB
 using Tile128x64 = ConvTile<128, 64, 2, 1, 2>;    // 64 threads, 75 KiB: 64 output channels
 using Tile64x128 = ConvTile<64, 128, 1, 2, 2>;    // 64 threads, 73.5 KiB: weight gradient of 64 output channels
 
-// n / d and n % d for 0 <= n < 2^31 and a divisor fixed per launch, by a multiply-high and a shift (Granlund and
-// Montgomery): mul = ceil(2^(31 + l) / d) with l = ceil(log2 d), so mul < 2^32 and the quotient is exact.
-struct FastDivmod {
-  int d = 1;
-  uint32_t mul = 0, shift = 0;
-  FastDivmod() = default;
-  explicit FastDivmod(int divisor) : d(divisor) {
-    if (d <= 1) return;
-    int l = 0;
-    while ((int64_t{1} << l) < d) ++l;
-    mul = static_cast<uint32_t>(((uint64_t{1} << (31 + l)) + d - 1) / d);
-    shift = static_cast<uint32_t>(l - 1);
-  }
-  __device__ __forceinline__ int div(int n) const {
-    return d == 1 ? n : static_cast<int>(__umulhi(static_cast<uint32_t>(n), mul) >> shift);
-  }
-  __device__ __forceinline__ void divmod(int n, int& q, int& r) const {
-    q = div(n);
-    r = n - q * d;
-  }
-};
-
-// The gathered operand of both GEMMs: pixel m of the output grid -> (image, p, q), column k -> tap (r, s) and
-// channel; x[image, ih, iw, ch] at x + image x_sn + ih x_sh + iw x_sw + ch with ih = p stride_h - pad_h + r dil_h
-// (likewise iw). Pads may be negative (backward_input's phases).
-template <typename T>
-struct Gather {
-  FastDivmod pq, q;  // m -> image, pixel -> (p, q)
-  FastDivmod c, s;   // k -> tap (r, s) and channel
-  const T* x = nullptr;
-  int64_t x_sn = 0, x_sh = 0, x_sw = 0;
-  int h = 0, w = 0;
-  int stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;
-};
-
-// The forward's GEMM (also one phase of backward_input): y[m -> (image, p, q), j] = act(bias[j] +
-// sum_k A[m, k] B[k, j]), A gathered from x, B the weight as n rows of k values (K-major).
-template <typename T>
-struct FpropParams {
-  int m = 0, n = 0, k = 0;  // rows (output pixels), columns (output channels), R S C
-  int tiles_m = 0, tiles_n = 0;
-  Gather<T> g;
-  const T* wt = nullptr;  // row j at wt + j w_lead
-  int64_t w_lead = 0;
-  T* y = nullptr;  // element (image, p, q, j) at y + image y_sn + p y_sh + q y_sw + j
-  int64_t y_sn = 0, y_sh = 0, y_sw = 0;
-  bool vec_store = false;
-  const T* bias = nullptr;
-  float* stats_partial = nullptr;  // [2][n][tiles_m]: each tile's column sums, then its sums of squares
-};
-
-// The weight gradient's GEMM: dw[i, j] = sum_pixel dy[pixel, i] A[pixel, j], A gathered from x as in the forward.
-template <typename T>
-struct WgradParams {
-  int m = 0, n = 0, k = 0;  // output channels, R S C, N P Q
-  int tiles_m = 0, tiles_n = 0;
-  int kt_per_split = 0;
-  Gather<T> g;
-  const T* dy = nullptr;  // pixel kk's channels at dy + kk dy_lead
-  int64_t dy_lead = 0;
-  T* dw = nullptr;  // one split: element (i, j) at dw + i dw_lead + j
-  int64_t dw_lead = 0;
-  float* partial = nullptr;  // several splits: [split][m][n]
-};
 
 // The block's tile, grouped kGroupM tile-rows at a time so that blocks running together share panels in L2.
 __device__ __forceinline__ void block_tile(int tiles_m, int tiles_n, int bm, int bn, int& bm0, int& bn0) {
@@ -412,51 +349,10 @@ __global__ void conv2d_wgrad_reduce_kernel(const float* partial, int splits, int
   }
 }
 
-// stats[which * n + j] = sum over tiles of partial[(which * n + j) * tiles + tile], in a fixed order: one block per
-// (j, which), threads striding over the tiles, then the block's fixed reduction tree.
-__global__ void conv2d_stats_reduce_kernel(const float* partial, int tiles, int n, float* stats) {
-  __shared__ float scratch[32];
-  const int64_t row = static_cast<int64_t>(blockIdx.y) * n + blockIdx.x;
-  float sum = 0.f;
-  for (int t = threadIdx.x; t < tiles; t += blockDim.x) sum += partial[row * tiles + t];
-  sum = block_sum(sum, scratch);
-  if (threadIdx.x == 0) stats[row] = sum;
-}
-
-// backward_input's sub-kernel of one stride phase: wp[c][t][u][k] = w[k][c][r0 + sh (T - 1 - t)][s0 + sw (U - 1 - u)],
-// contiguous, for a K-major B of C rows of T U K values.
-template <typename T>
-__global__ void conv2d_phase_weight_kernel(Tensor4<const T> w, int64_t kout, int64_t cin, int tr_count, int ts_count,
-                                           int r0, int s0, int sh, int sw, T* wp) {
-  const int64_t total = cin * tr_count * ts_count * kout;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int64_t rest = e;
-    const int64_t k = rest % kout;
-    rest /= kout;
-    const int u = static_cast<int>(rest % ts_count);
-    rest /= ts_count;
-    const int t = static_cast<int>(rest % tr_count);
-    const int64_t c = rest / tr_count;
-    const int64_t r = r0 + static_cast<int64_t>(sh) * (tr_count - 1 - t);
-    const int64_t s = s0 + static_cast<int64_t>(sw) * (ts_count - 1 - u);
-    wp[e] = w.data[k * w.sn + c * w.sc + r * w.sh + s * w.sw];
-  }
-}
 
 // ---------------------------------------------------------------------------------------------------------------
 // Host side
 
-int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
-
-// A channels-last activation tensor the 16-byte loads can read: channel stride 1, the channel count and the
-// other strides multiples of the chunk, base aligned.
-template <typename T>
-bool chunk_ready(const Tensor4<T>& t, int64_t channels) {
-  constexpr int64_t kElems = 16 / sizeof(T);
-  return (t.sc == 1 || channels <= 1) && channels % kElems == 0 && t.sn % kElems == 0 && t.sh % kElems == 0 &&
-         t.sw % kElems == 0 && aligned_to(t.data, 16);
-}
 
 // The splits of backward_weight's k-loop: enough blocks for two waves where the tiles alone are fewer, each split
 // at least 8 k-tiles.
@@ -511,119 +407,16 @@ int64_t stats_partial_bytes(int64_t m, int64_t n) {
   return 2 * n * ((m + bm - 1) / bm) * static_cast<int64_t>(sizeof(float));
 }
 
-size_t align256(size_t b) { return (b + 255) / 256 * 256; }
-
-// The gathered operand for the forward and the weight gradient: x itself, with the convolution's geometry.
-template <typename T>
-Gather<T> input_gather(const Conv2dArgs<T>& a) {
-  const Conv2dShape& sh = a.shape;
-  Gather<T> g;
-  g.pq = FastDivmod(static_cast<int>(std::max<int64_t>(1, sh.p * sh.q)));
-  g.q = FastDivmod(static_cast<int>(std::max<int64_t>(1, sh.q)));
-  g.c = FastDivmod(static_cast<int>(std::max<int64_t>(1, sh.c)));
-  g.s = FastDivmod(static_cast<int>(sh.s));
-  g.x = a.x.data;
-  g.x_sn = a.x.sn;
-  g.x_sh = a.x.sh;
-  g.x_sw = a.x.sw;
-  g.h = static_cast<int>(sh.h);
-  g.w = static_cast<int>(sh.w);
-  g.stride_h = static_cast<int>(sh.stride_h);
-  g.stride_w = static_cast<int>(sh.stride_w);
-  g.pad_h = static_cast<int>(sh.pad_h);
-  g.pad_w = static_cast<int>(sh.pad_w);
-  g.dil_h = static_cast<int>(sh.dil_h);
-  g.dil_w = static_cast<int>(sh.dil_w);
-  return g;
-}
 
 template <typename T>
 cudaError_t forward(const Conv2dArgs<T>& a, cudaStream_t stream, void* workspace) {
-  const Conv2dShape& sh = a.shape;
-  FpropParams<T> p;
-  p.m = static_cast<int>(sh.n * sh.p * sh.q);
-  p.n = static_cast<int>(sh.k);
-  p.k = static_cast<int>(sh.r * sh.s * sh.c);
-  p.g = input_gather(a);
-  p.wt = a.w.data;
-  p.w_lead = a.w.sn;
-  p.y = a.y.data;
-  p.y_sn = a.y.sn;
-  p.y_sh = a.y.sh;
-  p.y_sw = a.y.sw;
-  p.vec_store = aligned_to(a.y.data, 4 * sizeof(T)) && a.y.sn % 4 == 0 && a.y.sh % 4 == 0 && a.y.sw % 4 == 0;
-  p.bias = a.bias;
-  const bool stats = a.stats != nullptr;
-  if (stats) {
-    if (p.m == 0 || p.n == 0) {
-      if (p.n > 0) return cudaMemsetAsync(a.stats, 0, 2 * sizeof(float) * p.n, stream);
-      return cudaSuccess;
-    }
-    p.stats_partial = static_cast<float*>(workspace);
-  }
-  cudaError_t err = run_fprop(p, a.act == Activation::relu, stats, stream);
-  if (err != cudaSuccess || !stats) return err;
-  const int tiles_m = ceil_div(p.m, p.n <= 64 ? Tile128x64::BM : Tile128x128::BM);
-  conv2d_stats_reduce_kernel<<<dim3(static_cast<unsigned>(p.n), 2), 256, 0, stream>>>(p.stats_partial, tiles_m, p.n,
-                                                                                      a.stats);
-  return cudaGetLastError();
+  const int bm = a.shape.k <= 64 ? Tile128x64::BM : Tile128x128::BM;
+  return forward_gemm(a, stream, workspace, run_fprop<T>, bm);
 }
 
 template <typename T>
 cudaError_t backward_input(const Conv2dArgs<T>& a, cudaStream_t stream, void* workspace) {
-  const Conv2dShape& sh = a.shape;
-  if (sh.n == 0 || sh.c == 0 || sh.h == 0 || sh.w == 0) return cudaSuccess;
-  T* wp = static_cast<T*>(workspace);
-  const Tensor4<const T> w{a.w.data, a.w.sn, a.w.sc, a.w.sh, a.w.sw};
-  for (int ph = 0; ph < sh.stride_h; ++ph) {
-    for (int pw = 0; pw < sh.stride_w; ++pw) {
-      // Input pixels h = ph + stride_h i take the taps r = r0 + stride_h t (t < tr_count), from dy row
-      // i + d_h - t; likewise along w.
-      const int64_t hi = ph < sh.h ? (sh.h - ph + sh.stride_h - 1) / sh.stride_h : 0;
-      const int64_t wi = pw < sh.w ? (sh.w - pw + sh.stride_w - 1) / sh.stride_w : 0;
-      if (hi == 0 || wi == 0) continue;
-      const int64_t r0 = (ph + sh.pad_h) % sh.stride_h, s0 = (pw + sh.pad_w) % sh.stride_w;
-      const int64_t tr_count = r0 < sh.r ? (sh.r - r0 + sh.stride_h - 1) / sh.stride_h : 0;
-      const int64_t ts_count = s0 < sh.s ? (sh.s - s0 + sh.stride_w - 1) / sh.stride_w : 0;
-      const int64_t d_h = (ph + sh.pad_h - r0) / sh.stride_h, d_w = (pw + sh.pad_w - s0) / sh.stride_w;
-      const int64_t taps = tr_count * ts_count;
-      if (taps > 0) {
-        const int64_t total = sh.c * taps * sh.k;
-        conv2d_phase_weight_kernel<T><<<grid_for(total, 256), 256, 0, stream>>>(
-            w, sh.k, sh.c, static_cast<int>(tr_count), static_cast<int>(ts_count), static_cast<int>(r0),
-            static_cast<int>(s0), static_cast<int>(sh.stride_h), static_cast<int>(sh.stride_w), wp);
-        cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return err;
-      }
-      FpropParams<T> p;
-      p.m = static_cast<int>(sh.n * hi * wi);
-      p.n = static_cast<int>(sh.c);
-      p.k = static_cast<int>(taps * sh.k);
-      p.g.pq = FastDivmod(static_cast<int>(hi * wi));
-      p.g.q = FastDivmod(static_cast<int>(wi));
-      p.g.c = FastDivmod(static_cast<int>(std::max<int64_t>(1, sh.k)));
-      p.g.s = FastDivmod(static_cast<int>(std::max<int64_t>(1, ts_count)));
-      p.g.x = a.y.data;  // dy, (n, p, q, k)
-      p.g.x_sn = a.y.sn;
-      p.g.x_sh = a.y.sh;
-      p.g.x_sw = a.y.sw;
-      p.g.h = static_cast<int>(sh.p);
-      p.g.w = static_cast<int>(sh.q);
-      p.g.pad_h = static_cast<int>(tr_count - 1 - d_h);  // dy row i - pad_h + t = i + d_h - (tr_count - 1 - t)
-      p.g.pad_w = static_cast<int>(ts_count - 1 - d_w);
-      p.wt = wp;
-      p.w_lead = taps * sh.k;
-      p.y = a.x.data + ph * a.x.sh + pw * a.x.sw;  // dx at the phase's pixels
-      p.y_sn = a.x.sn;
-      p.y_sh = a.x.sh * sh.stride_h;
-      p.y_sw = a.x.sw * sh.stride_w;
-      p.vec_store = aligned_to(p.y, 4 * sizeof(T)) && p.y_sn % 4 == 0 && p.y_sh % 4 == 0 && p.y_sw % 4 == 0;
-      const cudaError_t err = run_fprop(p, false, false, stream);
-      if (err != cudaSuccess) return err;
-      wp += align256(static_cast<size_t>(sh.c * taps * sh.k) * sizeof(T)) / sizeof(T);
-    }
-  }
-  return cudaSuccess;
+  return backward_input_gemm(a, stream, workspace, run_fprop<T>);
 }
 
 template <typename T, class Cfg>
@@ -736,19 +529,8 @@ size_t conv2d_implicit_workspace_bytes(Conv2dPass pass, const Conv2dArgs<T>& a) 
   switch (pass) {
     case Conv2dPass::forward:
       return a.stats != nullptr ? align256(static_cast<size_t>(stats_partial_bytes(sh.n * sh.p * sh.q, sh.k))) : 0;
-    case Conv2dPass::backward_input: {
-      // Each tap belongs to one phase: the sub-kernels hold K C R S elements, each phase's start 256-byte aligned.
-      size_t bytes = 0;
-      for (int64_t ph = 0; ph < sh.stride_h; ++ph) {
-        for (int64_t pw = 0; pw < sh.stride_w; ++pw) {
-          const int64_t r0 = (ph + sh.pad_h) % sh.stride_h, s0 = (pw + sh.pad_w) % sh.stride_w;
-          const int64_t tr = r0 < sh.r ? (sh.r - r0 + sh.stride_h - 1) / sh.stride_h : 0;
-          const int64_t ts = s0 < sh.s ? (sh.s - s0 + sh.stride_w - 1) / sh.stride_w : 0;
-          bytes += align256(static_cast<size_t>(sh.c * tr * ts * sh.k) * sizeof(T));
-        }
-      }
-      return bytes;
-    }
+    case Conv2dPass::backward_input:
+      return backward_input_workspace_bytes<T>(sh);
     case Conv2dPass::backward_weight: {
       const int64_t splits = sh.n * sh.p * sh.q == 0 ? 1 : wgrad_splits_for<T>(sh);
       return splits > 1 ? static_cast<size_t>(splits * sh.k * sh.r * sh.s * sh.c) * sizeof(float) : 0;

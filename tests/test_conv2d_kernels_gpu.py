@@ -15,7 +15,7 @@ import torchext  # noqa: F401  (registers the ops)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
 
-VARIANTS = (None, "direct", "im2col", "implicit_mma")
+VARIANTS = (None, "direct", "im2col", "implicit_mma", "implicit_wgmma")
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 LAYOUTS = ("nchw", "nhwc")
 
@@ -34,6 +34,7 @@ RESNET_SHAPES = [
     (8, 64, 32, 32, 64, 3, 3, 1, 1, 1, 1),
     (8, 128, 16, 16, 256, 3, 3, 2, 1, 1, 1),
     (8, 128, 16, 16, 256, 1, 1, 2, 0, 1, 1),
+    (40, 64, 32, 32, 64, 3, 3, 1, 1, 1, 1),  # 160 tiles of 256 rows: more than one per SM for the persistent rung
 ]
 
 
@@ -235,7 +236,7 @@ def test_conv2d_variant_names():
     w = torch.rand(4, 4, 3, 3, device="cuda")
     with pytest.raises(ValueError, match="'cpu' runs on CPU"):
         torch.ops.torchext.conv2d(x, w, None, [1, 1], [0, 0], [1, 1], 1, "none", "cpu")
-    with pytest.raises(ValueError, match="'direct', 'im2col', 'implicit_mma'"):
+    with pytest.raises(ValueError, match="'direct', 'im2col', 'implicit_mma', 'implicit_wgmma'"):
         torch.ops.torchext.conv2d(x, w, None, [1, 1], [0, 0], [1, 1], 1, "none", "winograd")
     with pytest.raises(ValueError, match="does not support"):
         torch.ops.torchext.conv2d(

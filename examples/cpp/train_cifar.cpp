@@ -12,8 +12,10 @@
 // 3->32 (padded), ReLU, BN, conv 32->32, ReLU, max-pool, dropout 0.25, conv 32->64 (padded), ReLU, BN, conv 64->64,
 // ReLU, max-pool, dropout 0.25, flatten, dense 2304->512, ReLU, BN, dropout 0.5, dense 512->10. The torchext twin
 // is what torchext.swap_modules makes of it: every Linear a torchext::nn::Linear, a Linear followed by its ReLU one
-// torchext::nn::Linear(..., "relu"), every ReLU a torchext::nn::ReLU, the loss torchext::nn::CrossEntropyLoss; the
-// convolutions stay LibTorch's (cuDNN) unless --swap-conv, as in torchext-compare.
+// torchext::nn::Linear(..., "relu"), every ReLU a torchext::nn::ReLU, every BatchNorm2d a torchext::nn::BatchNorm2d
+// (the BatchNorm1d after the dense layer stays LibTorch's, as in Python), every MaxPool2d a torchext::nn::MaxPool2d,
+// the loss torchext::nn::CrossEntropyLoss; the convolutions stay LibTorch's (cuDNN) unless --swap-conv, as in
+// torchext-compare.
 //
 // The recipe is torchext-compare's for these models: Adam, lr 1e-3, constant, no weight decay, no label smoothing,
 // batch 128 (the last incomplete batch dropped), float32, 20 epochs; each training image randomly cropped to 32x32
@@ -237,19 +239,26 @@ torch::nn::Sequential make_model(const std::string& model, bool ours, bool swap_
     return ours && swap_conv ? torch::nn::AnyModule(torchext::nn::Conv2d(options))
                              : torch::nn::AnyModule(torch::nn::Conv2d(options));
   };
+  auto bn2d = [&](int64_t channels) {
+    return ours ? torch::nn::AnyModule(torchext::nn::BatchNorm2d(channels))
+                : torch::nn::AnyModule(torch::nn::BatchNorm2d(channels));
+  };
+  auto max_pool = [&]() {
+    return ours ? torch::nn::AnyModule(torchext::nn::MaxPool2d(2)) : torch::nn::AnyModule(torch::nn::MaxPool2d(2));
+  };
   seq->push_back("conv1", conv(3, 32, 1));
   seq->push_back("relu1", relu(ours));
-  seq->push_back("bn1", torch::nn::BatchNorm2d(32));
+  seq->push_back("bn1", bn2d(32));
   seq->push_back("conv2", conv(32, 32, 0));
   seq->push_back("relu2", relu(ours));
-  seq->push_back("pool1", torch::nn::MaxPool2d(2));
+  seq->push_back("pool1", max_pool());
   seq->push_back("drop1", torch::nn::Dropout(0.25));
   seq->push_back("conv3", conv(32, 64, 1));
   seq->push_back("relu3", relu(ours));
-  seq->push_back("bn2", torch::nn::BatchNorm2d(64));
+  seq->push_back("bn2", bn2d(64));
   seq->push_back("conv4", conv(64, 64, 0));
   seq->push_back("relu4", relu(ours));
-  seq->push_back("pool2", torch::nn::MaxPool2d(2));
+  seq->push_back("pool2", max_pool());
   seq->push_back("drop2", torch::nn::Dropout(0.25));
   seq->push_back("flatten", torch::nn::Flatten());
   add_linear(seq, "fc1", 64 * 6 * 6, 512, true, ours);

@@ -1,0 +1,492 @@
+// Convolution as an implicit GEMM on Hopper's tensor cores (wgmma, sm_90a): the forward and the input's gradient of
+// cuda_ops/conv2d.cuh for NHWC (channels-last) activations and KRSC weights in bf16 / fp16, accumulation in float32.
+// The same GEMMs as cuda_ops/conv2d_implicit.cu (the forward y (N P Q, K) = A (N P Q, R S C) B (R S C, K) with A
+// gathered from x; backward_input as one such GEMM per stride phase over dy and a gathered sub-kernel of w), built
+// by the same drivers (cuda_ops/conv2d_implicit.cuh); backward_weight stays on implicit_mma.
+//
+// What this version adds over mma.sync (implicit_mma):
+//   - wgmma: one instruction multiplies a 64 x N x 16 block for a warpgroup (4 warps), reading both operands from
+//     shared memory through descriptors. mma.sync's ldmatrix traffic and register fragments go away, and with them
+//     the register pressure that left implicit_mma at 6-8 warps per SM and its tensor pipe idle 70-80% of the time
+//     (docs/conv2d.md, Nsight Compute).
+//   - Warp specialization: warpgroup 0 produces (it gathers the tiles), warpgroups 1 and 2 consume (each owns 128
+//     output rows: two m64 wgmmas per k-step). The gathered operand cannot come from TMA's tiled mode (each row is a
+//     different input pixel, or padding), so the 128 producer threads copy it with cp.async, 16 bytes (8 channels)
+//     at a time, into the 128-byte-swizzled layout wgmma reads; a chunk in the padding is zero-filled by cp.async's
+//     src-size operand. The weight tile is copied the same way.
+//   - An mbarrier ring of stages ("full": the stage's copies have landed; "empty": both consumers are done with it).
+//     cp.async writes through the generic proxy and wgmma reads through the async proxy, so a producer thread
+//     signals a stage only after its copies have completed (cp.async.wait_group) and it has issued
+//     fence.proxy.async; it does so kLag stages behind the one it is filling, so the copies of kLag + 1 stages are
+//     in flight.
+//   - Persistent grid: one block per SM walks the tiles; the producer starts the next tile's copies while the
+//     consumers run the epilogue of the current one. Convolutions have short k-loops (R S C: 576 for 64 channels,
+//     9 k-steps), so filling the pipeline once per tile would cost a large share of the time.
+//   - Epilogue straight from the accumulators: bias, relu, the stores (two values per thread and row), and batch
+//     norm's per-channel sum and sum of squares of the stored values: a fixed tree over each warp's rows (shuffles),
+//     the 8 warps added in order through shared memory, one partial per (channel, tile) into the workspace, and the
+//     shared second kernel adds the tiles in order (deterministic).
+//
+// Tiles: 256 (output pixels) x 128 (output channels), or 256 x 64 where there are at most 64 output channels; k-steps
+// of 64 values (128 bytes: one swizzle span), 4 stages of 48 KiB (5 of 40 KiB for 256 x 64). The ring's order is
+// global: stages carry on from one tile to the next.
+//
+// Requirements (conv2d_wgmma_supported): an sm_90 GPU and a build with sm_90a code; bf16 or fp16 (float32 and tf32
+// run on implicit_mma); forward or backward_input; and what implicit_mma requires of the operands (channels-last,
+// channel counts a multiple of 8, 16-byte aligned rows; KRSC weights; backward_input dilation 1).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "common.cuh"
+#include "conv2d.cuh"
+#include "conv2d_implicit.cuh"
+#include "mma_sync.cuh"  // cp.async wrappers
+#include "sm90.cuh"
+
+namespace torchext::cuda_ops {
+namespace {
+
+using namespace sm90;
+
+constexpr int kRowBytes = 128;  // bytes of k per stage and row: 64 bf16 / fp16 values
+constexpr int kBK = 64;         // k per stage
+constexpr int kBM = 256;        // output rows per tile: two consumers of 128
+constexpr int kThreads = 384;   // producer warpgroup + two consumer warpgroups
+constexpr int kConsumerWarps = 8;
+constexpr int kTileGroupM = 8;  // tile-rows walked together for L2 reuse
+
+template <int BN_>
+struct WgTile {
+  static constexpr int BN = BN_;
+  static constexpr int kStages = BN == 64 ? 5 : 4;
+  static constexpr int kLag = kStages - 2;  // see the producer
+  static constexpr int kTileBytesA = kBM * kRowBytes;
+  static constexpr int kTileBytesB = BN * kRowBytes;
+  static constexpr int kStageBytes = kTileBytesA + kTileBytesB;
+  static constexpr int kRowTableBytes = kBM * 16;                  // per row: x offset (int64), ih0, iw0
+  static constexpr int kStatsBytes = 2 * kConsumerWarps * BN * 4;  // per warp: column sums, sums of squares
+  static constexpr int kSmemBytes =
+      1024 /* alignment slack */ + kStages * kStageBytes + kRowTableBytes + kStatsBytes + 2 * kStages * 8;
+};
+
+// Tile t of the persistent walk: kTileGroupM tile-rows at a time, column by column.
+__device__ __forceinline__ void tile_of(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
+  const int group = kTileGroupM * tiles_n;
+  const int first_m = (t / group) * kTileGroupM;
+  const int rows = min(tiles_m - first_m, kTileGroupM);
+  tm = first_m + (t % group) % rows;
+  tn = (t % group) / rows;
+}
+
+#if defined(TORCHEXT_WGMMA_DEVICE)
+
+#define TORCHEXT_CONV_WGMMA_N64_D_REGS                                             \
+  "{"                                                                              \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"          \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+  "}"
+
+#define TORCHEXT_CONV_WGMMA_N64_D_OPERANDS(d)                                                                 \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),  \
+      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
+      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+#define TORCHEXT_CONV_WGMMA_N128_D_REGS                                             \
+  "{"                                                                               \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"           \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"  \
+  "}"
+
+#define TORCHEXT_CONV_WGMMA_N128_D_OPERANDS(d)                                                                \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),  \
+      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
+      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), \
+      "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), \
+      "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
+      "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), \
+      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+// D (64 x N, float) += A (64 x 16) B (16 x N), both K-major in shared memory, one instruction per warpgroup.
+template <typename T, int N>
+struct ConvWgmma;
+
+template <>
+struct ConvWgmma<__nv_bfloat16, 128> {
+  __device__ __forceinline__ static void run(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " TORCHEXT_CONV_WGMMA_N128_D_REGS
+        ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : TORCHEXT_CONV_WGMMA_N128_D_OPERANDS(d)
+        : "l"(desc_a), "l"(desc_b));
+  }
+};
+template <>
+struct ConvWgmma<__half, 128> {
+  __device__ __forceinline__ static void run(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " TORCHEXT_CONV_WGMMA_N128_D_REGS
+        ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : TORCHEXT_CONV_WGMMA_N128_D_OPERANDS(d)
+        : "l"(desc_a), "l"(desc_b));
+  }
+};
+template <>
+struct ConvWgmma<__nv_bfloat16, 64> {
+  __device__ __forceinline__ static void run(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " TORCHEXT_CONV_WGMMA_N64_D_REGS
+        ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : TORCHEXT_CONV_WGMMA_N64_D_OPERANDS(d)
+        : "l"(desc_a), "l"(desc_b));
+  }
+};
+template <>
+struct ConvWgmma<__half, 64> {
+  __device__ __forceinline__ static void run(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " TORCHEXT_CONV_WGMMA_N64_D_REGS
+        ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : TORCHEXT_CONV_WGMMA_N64_D_OPERANDS(d)
+        : "l"(desc_a), "l"(desc_b));
+  }
+};
+
+template <int R>
+__device__ __forceinline__ void fence_registers(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Named barriers: 0 is __syncthreads, 1 the producer warpgroup, 2 both consumer warpgroups.
+__device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 2, 256;" ::: "memory"); }
+
+#endif  // TORCHEXT_WGMMA_DEVICE
+
+template <typename T, int BN, bool kRelu, bool kStats>
+__global__ void __launch_bounds__(kThreads, 1) conv2d_wgmma_fprop_kernel(const FpropParams<T> p) {
+#if defined(TORCHEXT_WGMMA_DEVICE)
+  using Cfg = WgTile<BN>;
+  constexpr int kStages = Cfg::kStages, kLag = Cfg::kLag;
+  extern __shared__ uint8_t smem_raw[];
+  // 128-byte swizzling repeats every 1024 bytes and is computed from the address: stages start on 1024.
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  int4* row_table = reinterpret_cast<int4*>(smem + kStages * Cfg::kStageBytes);
+  float* stats_buf = reinterpret_cast<float*>(smem + kStages * Cfg::kStageBytes + Cfg::kRowTableBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(stats_buf + 2 * kConsumerWarps * BN);
+  uint64_t* empty = full + kStages;
+  const int warpgroup = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const int tiles = p.tiles_m * p.tiles_n;
+  const int num_kt = (p.k + kBK - 1) / kBK;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 128);              // every producer thread, once its copies of the stage have landed
+      mbar_init(&empty[s], kConsumerWarps);  // one arrive per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    // Producer. Thread tid copies 16-byte chunk c of rows r0, r0 + 16, ... of A (the tile's output pixels) and of B
+    // (its output channels' weights); its chunk's tap (r, s) and channel are the same for all its rows.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
+    const int c = tid & 7, r0 = tid >> 3;
+    int s = 0, issued = 0;
+    uint32_t phase = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      int tm, tn;
+      tile_of(t, p.tiles_m, p.tiles_n, tm, tn);
+      const int bm0 = tm * kBM, bn0 = tn * BN;
+      // The tile's rows: x's offset of the image and the top-left input pixel (outside every tap past the end).
+      producer_sync();  // every producer thread has issued the previous tile's copies
+      for (int r = tid; r < kBM; r += 128) {
+        const int m = bm0 + r;
+        int4 e;
+        if (m < p.m) {
+          int image, pix, pp, qq;
+          p.g.pq.divmod(m, image, pix);
+          p.g.q.divmod(pix, pp, qq);
+          const int64_t off = image * p.g.x_sn;
+          e = make_int4(static_cast<int>(off & 0xffffffff), static_cast<int>(off >> 32), pp * p.g.stride_h - p.g.pad_h,
+                        qq * p.g.stride_w - p.g.pad_w);
+        } else {
+          e = make_int4(0, 0, INT_MIN / 2, INT_MIN / 2);
+        }
+        row_table[r] = e;
+      }
+      producer_sync();
+      for (int kt = 0; kt < num_kt; ++kt) {
+        mbar_wait(&empty[s], phase ^ 1);
+        const uint32_t sa = smem_addr(smem + s * Cfg::kStageBytes), sb = sa + Cfg::kTileBytesA;
+        const int kk = kt * kBK + c * 8;
+        const bool k_ok = kk < p.k;
+        int tap, ch, tr, ts;
+        p.g.c.divmod(k_ok ? kk : 0, tap, ch);
+        p.g.s.divmod(tap, tr, ts);
+        const int dh = tr * p.g.dil_h, dw = ts * p.g.dil_w;
+#pragma unroll 4
+        for (int i = 0; i < kBM / 16; ++i) {
+          const int r = r0 + 16 * i;
+          const int4 e = row_table[r];
+          const int ih = e.z + dh, iw = e.w + dw;
+          const bool ok = k_ok && static_cast<unsigned>(ih) < static_cast<unsigned>(p.g.h) &&
+                          static_cast<unsigned>(iw) < static_cast<unsigned>(p.g.w);
+          const int64_t off = (static_cast<int64_t>(e.y) << 32) | static_cast<uint32_t>(e.x);
+          const T* src = ok ? p.g.x + off + ih * p.g.x_sh + iw * p.g.x_sw + ch : p.g.x;
+          mma_sync::cp_async16(sa + r * kRowBytes + ((c ^ (r & 7)) << 4), src, ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int i = 0; i < BN / 16; ++i) {
+          const int r = r0 + 16 * i, j = bn0 + r;
+          const bool ok = k_ok && j < p.n;
+          const T* src = ok ? p.wt + j * p.w_lead + kk : p.wt;
+          mma_sync::cp_async16(sb + r * kRowBytes + ((c ^ (r & 7)) << 4), src, ok ? 16 : 0);
+        }
+        mma_sync::cp_async_commit();
+        // Signal the stage filled kLag steps ago. kLag <= kStages - 2: a consumer releases a stage only once the
+        // next one is full (it keeps one stage of wgmmas in flight), and the producer must not wait on a release
+        // that waits on a signal it has not given.
+        if (issued >= kLag) {
+          mma_sync::cp_async_wait<kLag>();
+          fence_proxy_async();
+          mbar_arrive(&full[(s + kStages - kLag) % kStages]);
+        }
+        ++issued;
+        if (++s == kStages) s = 0, phase ^= 1;
+      }
+    }
+    mma_sync::cp_async_wait<0>();
+    fence_proxy_async();
+    for (int j = min(issued, kLag); j > 0; --j) mbar_arrive(&full[(s + kStages - j) % kStages]);
+  } else {
+    // Consumers: warpgroup 1 computes rows 0-127 of the tile, warpgroup 2 rows 128-255, each as two m64 blocks.
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
+    using Mma = ConvWgmma<T, BN>;
+    constexpr int kRegs = BN / 2;
+    const int consumer = warpgroup - 1, warp = tid / 32, lane = tid % 32;
+    const uint32_t stage0 = smem_addr(smem);
+    const uint32_t desc_a0 = smem_desc_lo(stage0 + consumer * 128 * kRowBytes, 16);
+    const uint32_t desc_a1 = smem_desc_lo(stage0 + (consumer * 128 + 64) * kRowBytes, 16);
+    const uint32_t desc_b = smem_desc_lo(stage0 + Cfg::kTileBytesA, 16);
+    constexpr uint32_t kDescHi = smem_desc_hi(1024);
+    float d0[kRegs], d1[kRegs];
+    int stage = 0, prev_stage = 0;
+    uint32_t phase = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      int tm, tn;
+      tile_of(t, p.tiles_m, p.tiles_n, tm, tn);
+      const int bm0 = tm * kBM, bn0 = tn * BN;
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) d0[i] = 0.f, d1[i] = 0.f;
+      for (int kt = 0; kt < num_kt; ++kt) {
+        mbar_wait(&full[stage], phase);
+        const uint32_t so = uint32_t(stage * Cfg::kStageBytes) >> 4;
+        wgmma_fence();
+#pragma unroll
+        for (int step = 0; step < kBK / 16; ++step) {  // 16 values = 32 bytes = 2 descriptor units per step
+          const uint64_t db = smem_desc(desc_b + so + 2 * step, kDescHi);
+          Mma::run(d0, smem_desc(desc_a0 + so + 2 * step, kDescHi), db);
+          Mma::run(d1, smem_desc(desc_a1 + so + 2 * step, kDescHi), db);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // this stage's wgmmas stay in flight; the previous stage's are done
+        if (kt > 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
+        prev_stage = stage;
+        if (++stage == kStages) stage = 0, phase ^= 1;
+      }
+      wgmma_wait<0>();
+      if (num_kt > 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
+      fence_registers(d0);
+      fence_registers(d1);
+
+      // Epilogue. Accumulator layout of m64nNk16: warp w holds rows 16 w + lane / 4 (registers 4 j, 4 j + 1) and
+      // + 8 (4 j + 2, 4 j + 3), columns 8 j + 2 (lane % 4) and + 1.
+      int64_t row_off[4];
+      bool row_ok[4];
+#pragma unroll
+      for (int h = 0; h < 4; ++h) {  // rows: m64 block h / 2, + 8 if h odd
+        const int m = bm0 + consumer * 128 + (h >> 1) * 64 + warp * 16 + (lane >> 2) + (h & 1) * 8;
+        row_ok[h] = m < p.m;
+        int image = 0, pix = 0, pp = 0, qq = 0;
+        if (row_ok[h]) {
+          p.g.pq.divmod(m, image, pix);
+          p.g.q.divmod(pix, pp, qq);
+        }
+        row_off[h] = image * p.y_sn + pp * p.y_sh + qq * p.y_sw;
+      }
+      if constexpr (kStats) consumers_sync();  // the previous tile's partials have been read
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int col = bn0 + 8 * j + 2 * (lane & 3);
+        const bool c0 = col < p.n, c1 = col + 1 < p.n;
+        const float b0 = p.bias != nullptr && c0 ? static_cast<float>(p.bias[col]) : 0.f;
+        const float b1 = p.bias != nullptr && c1 ? static_cast<float>(p.bias[col + 1]) : 0.f;
+        float s0 = 0.f, s1 = 0.f, q0 = 0.f, q1 = 0.f;
+#pragma unroll
+        for (int h = 0; h < 4; ++h) {
+          const float* d = (h >> 1) ? d1 : d0;
+          const int e = 4 * j + 2 * (h & 1);
+          float v0 = d[e] + b0, v1 = d[e + 1] + b1;
+          if (kRelu) v0 = fmaxf(v0, 0.f), v1 = fmaxf(v1, 0.f);
+          const T o0 = static_cast<T>(v0), o1 = static_cast<T>(v1);
+          if (row_ok[h] && c0) {
+            T* out = p.y + row_off[h] + col;
+            if (c1 && p.vec_store) {
+              *reinterpret_cast<Vec<T, 2>*>(out) = Vec<T, 2>{{o0, o1}};
+            } else {
+              out[0] = o0;
+              if (c1) out[1] = o1;
+            }
+            if constexpr (kStats) {
+              const float f0 = static_cast<float>(o0), f1 = c1 ? static_cast<float>(o1) : 0.f;
+              s0 += f0, q0 += f0 * f0, s1 += f1, q1 += f1 * f1;
+            }
+          }
+        }
+        if constexpr (kStats) {
+#pragma unroll
+          for (int o = 4; o < 32; o <<= 1) {  // the 8 row groups of the warp, a fixed tree
+            s0 += __shfl_xor_sync(0xffffffffu, s0, o), s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+            q0 += __shfl_xor_sync(0xffffffffu, q0, o), q1 += __shfl_xor_sync(0xffffffffu, q1, o);
+          }
+          if (lane < 4) {
+            const int cw = consumer * 4 + warp, cl = 8 * j + 2 * lane;
+            stats_buf[cw * BN + cl] = s0, stats_buf[cw * BN + cl + 1] = s1;
+            stats_buf[(kConsumerWarps + cw) * BN + cl] = q0, stats_buf[(kConsumerWarps + cw) * BN + cl + 1] = q1;
+          }
+        }
+      }
+      if constexpr (kStats) {
+        consumers_sync();
+        const int ct = consumer * 128 + tid;  // 0..255
+        for (int q = ct; q < 2 * BN; q += 256) {
+          const int which = q / BN, cl = q % BN, col = bn0 + cl;
+          if (col >= p.n) continue;
+          float sum = 0.f;
+#pragma unroll
+          for (int w = 0; w < kConsumerWarps; ++w) sum += stats_buf[(which * kConsumerWarps + w) * BN + cl];
+          p.stats_partial[(static_cast<int64_t>(which) * p.n + col) * p.tiles_m + tm] = sum;
+        }
+      }
+    }
+  }
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Host side
+
+template <typename T, int BN, bool kRelu, bool kStats>
+cudaError_t launch_wgmma_fprop(FpropParams<T> p, cudaStream_t stream) {
+  constexpr auto kernel = conv2d_wgmma_fprop_kernel<T, BN, kRelu, kStats>;
+  cudaError_t err = prepare_kernel<kernel>(WgTile<BN>::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  p.tiles_m = ceil_div(p.m, kBM);
+  p.tiles_n = ceil_div(p.n, BN);
+  const int64_t tiles = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sm_count()));
+  kernel<<<grid, kThreads, WgTile<BN>::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T, int BN>
+cudaError_t launch_wgmma_fprop_bn(const FpropParams<T>& p, bool relu, bool stats, cudaStream_t stream) {
+  if (stats) {
+    return relu ? launch_wgmma_fprop<T, BN, true, true>(p, stream) : launch_wgmma_fprop<T, BN, false, true>(p, stream);
+  }
+  return relu ? launch_wgmma_fprop<T, BN, true, false>(p, stream) : launch_wgmma_fprop<T, BN, false, false>(p, stream);
+}
+
+template <typename T>
+cudaError_t run_wgmma_fprop(const FpropParams<T>& p, bool relu, bool stats, cudaStream_t stream) {
+  if (p.m == 0 || p.n == 0) return cudaSuccess;
+  return p.n <= 64 ? launch_wgmma_fprop_bn<T, 64>(p, relu, stats, stream)
+                   : launch_wgmma_fprop_bn<T, 128>(p, relu, stats, stream);
+}
+
+}  // namespace
+
+template <typename T>
+bool conv2d_wgmma_supported(Conv2dPass pass, const Conv2dArgs<T>& a, const char** why) {
+  auto fail = [why](const char* reason) {
+    if (why != nullptr) *why = reason;
+    return false;
+  };
+  if constexpr (!std::is_same_v<T, __half> && !std::is_same_v<T, __nv_bfloat16>) {
+    return fail("implicit_wgmma: bf16 and fp16 only (float32 as tf32 runs on implicit_mma)");
+  } else {
+#if !defined(TORCHEXT_BUILT_SM90A)
+    return fail("implicit_wgmma: this build has no sm_90a code (build with 9.0 in TORCH_CUDA_ARCH_LIST)");
+#endif
+    if (compute_capability() != 90) return fail("implicit_wgmma: needs an sm_90 GPU (H100 / H200)");
+    if (smem_optin() < WgTile<64>::kSmemBytes || smem_optin() < WgTile<128>::kSmemBytes) {
+      return fail("implicit_wgmma: the device has too little shared memory");
+    }
+    if (pass == Conv2dPass::backward_weight) {
+      return fail("implicit_wgmma: backward_weight is not on wgmma yet (implicit_mma runs it)");
+    }
+    // The operands' requirements are implicit_mma's (the same gathered loads).
+    return conv2d_implicit_supported(pass, a, why);
+  }
+}
+
+template <typename T>
+size_t conv2d_wgmma_workspace_bytes(Conv2dPass pass, const Conv2dArgs<T>& a) {
+  const Conv2dShape& sh = a.shape;
+  switch (pass) {
+    case Conv2dPass::forward: {
+      if (a.stats == nullptr) return 0;
+      const int64_t tiles_m = (sh.n * sh.p * sh.q + kBM - 1) / kBM;
+      return align256(static_cast<size_t>(2 * sh.k * tiles_m) * sizeof(float));
+    }
+    case Conv2dPass::backward_input:
+      return backward_input_workspace_bytes<T>(sh);
+    case Conv2dPass::backward_weight:
+      return 0;
+  }
+  return 0;
+}
+
+template <typename T>
+cudaError_t conv2d_wgmma(Conv2dPass pass, const Conv2dArgs<T>& args, cudaStream_t stream, void* workspace) {
+  if constexpr (!std::is_same_v<T, __half> && !std::is_same_v<T, __nv_bfloat16>) {
+    return cudaErrorNotSupported;
+  } else {
+    if (!conv2d_wgmma_supported(pass, args, nullptr)) return cudaErrorNotSupported;
+    switch (pass) {
+      case Conv2dPass::forward:
+        return forward_gemm(args, stream, workspace, run_wgmma_fprop<T>, kBM);
+      case Conv2dPass::backward_input:
+        return backward_input_gemm(args, stream, workspace, run_wgmma_fprop<T>);
+      case Conv2dPass::backward_weight:
+        break;
+    }
+    return cudaErrorNotSupported;
+  }
+}
+
+#define TORCHEXT_INSTANTIATE_CONV2D_WGMMA(T)                                               \
+  template bool conv2d_wgmma_supported<T>(Conv2dPass, const Conv2dArgs<T>&, const char**); \
+  template size_t conv2d_wgmma_workspace_bytes<T>(Conv2dPass, const Conv2dArgs<T>&);       \
+  template cudaError_t conv2d_wgmma<T>(Conv2dPass, const Conv2dArgs<T>&, cudaStream_t, void*);
+TORCHEXT_INSTANTIATE_CONV2D_WGMMA(float)
+TORCHEXT_INSTANTIATE_CONV2D_WGMMA(double)
+TORCHEXT_INSTANTIATE_CONV2D_WGMMA(__half)
+TORCHEXT_INSTANTIATE_CONV2D_WGMMA(__nv_bfloat16)
+#undef TORCHEXT_INSTANTIATE_CONV2D_WGMMA
+
+}  // namespace torchext::cuda_ops

@@ -1,0 +1,76 @@
+// Hopper (sm_90a) PTX wrappers shared by the wgmma kernels of the GEMM engine (cuda_ops/matmul_wgmma.cu) and of the
+// convolution (cuda_ops/conv2d_wgmma.cu): mbarriers, the shared-memory matrix descriptor of a 128-byte-swizzled
+// operand, wgmma's fence / commit / wait, the generic-to-async proxy fence. The device functions exist only in the
+// sm_90a image (TORCHEXT_WGMMA_DEVICE); elsewhere the kernels that use them compile to empty bodies.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TORCHEXT_WGMMA_DEVICE 1
+#endif
+
+namespace torchext::cuda_ops::sm90 {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+#if defined(TORCHEXT_WGMMA_DEVICE)
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
+// Arrive once and announce `bytes` of copies that will complete on this barrier.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// Waits until the phase with the given parity has completed. A fresh barrier counts its (virtual) previous
+// phase, parity 1, as complete, so a producer's first wait on an "empty" barrier returns at once.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  const uint32_t addr = smem_addr(bar);
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  }
+}
+
+// Makes this thread's ordinary shared-memory writes visible to the copy engine.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// Shared-memory matrix descriptor for a 128-byte-swizzled operand (PTX ISA, "Matrix Descriptor Format"):
+// start address, leading-dimension byte offset, stride-dimension byte offset, all >> 4; swizzle mode 1 = 128B.
+//   K-major:     rows of 128 bytes along k; 8-row groups `sbo` = 1024 bytes apart; lbo unused.
+//   M/N-major:   rows of 128 bytes (64 values along m or n) per k; 8-k-row groups `sbo` = 1024 apart; 64-wide
+//                groups along m or n `lbo` apart.
+// The low word (address, lbo) changes with the stage and k-step; the high word (sbo, swizzle) is a constant.
+__device__ __forceinline__ uint32_t smem_desc_lo(uint32_t addr, uint32_t lbo) {
+  return ((addr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16);
+}
+constexpr uint32_t smem_desc_hi(uint32_t sbo) { return ((sbo >> 4) & 0x3FFF) | (1u << 30); }
+__device__ __forceinline__ uint64_t smem_desc(uint32_t lo, uint32_t hi) { return (uint64_t(hi) << 32) | lo; }
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+#endif  // TORCHEXT_WGMMA_DEVICE
+
+}  // namespace torchext::cuda_ops::sm90
