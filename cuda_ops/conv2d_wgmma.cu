@@ -211,7 +211,8 @@ __global__ void __launch_bounds__(kThreads, 1) conv2d_wgmma_fprop_kernel(const F
       int tm, tn;
       tile_of(t, p.tiles_m, p.tiles_n, tm, tn);
       const int bm0 = tm * kBM, bn0 = tn * BN;
-      // The tile's rows: x's offset of the image and the top-left input pixel (outside every tap past the end).
+      // The tile's rows: the address of the top-left input pixel of the row's window (as an integer: it may lie
+      // in the padding, outside x) and its coordinates; a row past the end is outside every tap.
       producer_sync();  // every producer thread has issued the previous tile's copies
       for (int r = tid; r < kBM; r += 128) {
         const int m = bm0 + r;
@@ -220,15 +221,19 @@ __global__ void __launch_bounds__(kThreads, 1) conv2d_wgmma_fprop_kernel(const F
           int image, pix, pp, qq;
           p.g.pq.divmod(m, image, pix);
           p.g.q.divmod(pix, pp, qq);
-          const int64_t off = image * p.g.x_sn;
-          e = make_int4(static_cast<int>(off & 0xffffffff), static_cast<int>(off >> 32), pp * p.g.stride_h - p.g.pad_h,
-                        qq * p.g.stride_w - p.g.pad_w);
+          const int ih0 = pp * p.g.stride_h - p.g.pad_h, iw0 = qq * p.g.stride_w - p.g.pad_w;
+          const uint64_t addr =
+              reinterpret_cast<uint64_t>(p.g.x) + sizeof(T) * (image * p.g.x_sn + ih0 * p.g.x_sh + iw0 * p.g.x_sw);
+          e = make_int4(static_cast<int>(addr & 0xffffffffu), static_cast<int>(addr >> 32), ih0, iw0);
         } else {
           e = make_int4(0, 0, INT_MIN / 2, INT_MIN / 2);
         }
         row_table[r] = e;
       }
       producer_sync();
+      // This thread's weight rows (output channels).
+      const T* w_rows = p.wt + static_cast<int64_t>(bn0 + r0) * p.w_lead;
+      const int64_t w_step = 16 * p.w_lead;
       for (int kt = 0; kt < num_kt; ++kt) {
         mbar_wait(&empty[s], phase ^ 1);
         const uint32_t sa = smem_addr(smem + s * Cfg::kStageBytes), sb = sa + Cfg::kTileBytesA;
@@ -238,22 +243,25 @@ __global__ void __launch_bounds__(kThreads, 1) conv2d_wgmma_fprop_kernel(const F
         p.g.c.divmod(k_ok ? kk : 0, tap, ch);
         p.g.s.divmod(tap, tr, ts);
         const int dh = tr * p.g.dil_h, dw = ts * p.g.dil_w;
+        // The chunk's offset from a row's top-left pixel, the same for every row: one multiply per stage.
+        const int64_t tap_bytes = sizeof(T) * (dh * p.g.x_sh + dw * p.g.x_sw + ch);
+        const unsigned h_lim = k_ok ? static_cast<unsigned>(p.g.h) : 0u;  // k past the end: every chunk zero
 #pragma unroll 4
         for (int i = 0; i < kBM / 16; ++i) {
           const int r = r0 + 16 * i;
           const int4 e = row_table[r];
-          const int ih = e.z + dh, iw = e.w + dw;
-          const bool ok = k_ok && static_cast<unsigned>(ih) < static_cast<unsigned>(p.g.h) &&
-                          static_cast<unsigned>(iw) < static_cast<unsigned>(p.g.w);
-          const int64_t off = (static_cast<int64_t>(e.y) << 32) | static_cast<uint32_t>(e.x);
-          const T* src = ok ? p.g.x + off + ih * p.g.x_sh + iw * p.g.x_sw + ch : p.g.x;
+          const bool ok =
+              static_cast<unsigned>(e.z + dh) < h_lim && static_cast<unsigned>(e.w + dw) < static_cast<unsigned>(p.g.w);
+          const uint64_t addr =
+              ((static_cast<uint64_t>(static_cast<uint32_t>(e.y)) << 32) | static_cast<uint32_t>(e.x)) + tap_bytes;
+          const T* src = ok ? reinterpret_cast<const T*>(addr) : p.g.x;
           mma_sync::cp_async16(sa + r * kRowBytes + ((c ^ (r & 7)) << 4), src, ok ? 16 : 0);
         }
 #pragma unroll
         for (int i = 0; i < BN / 16; ++i) {
-          const int r = r0 + 16 * i, j = bn0 + r;
-          const bool ok = k_ok && j < p.n;
-          const T* src = ok ? p.wt + j * p.w_lead + kk : p.wt;
+          const int r = r0 + 16 * i;
+          const bool ok = k_ok && bn0 + r < p.n;
+          const T* src = ok ? w_rows + i * w_step + kk : p.wt;
           mma_sync::cp_async16(sb + r * kRowBytes + ((c ^ (r & 7)) << 4), src, ok ? 16 : 0);
         }
         mma_sync::cp_async_commit();
