@@ -359,17 +359,14 @@ __device__ __forceinline__ void chunk_sums(const A* __restrict__ partial, int64_
 
 // --- forward --------------------------------------------------------------------------------------------------------
 
-// Per channel: the statistics, the running buffers' update, save_mean / save_invstd, and chan = (mean, scale, shift).
+// Per channel c, from its two chunk sums s0, s1 (unused in eval and with given sums): the statistics, the running
+// buffers' update, save_mean / save_invstd, and chan = (mean, scale, shift). The finalize kernel and the fused rung's
+// last block call it.
 template <typename T, typename P>
-__global__ void __launch_bounds__(kFinalizeCols* kFinalizeRows)
-    finalize_forward_kernel(BatchNormForwardArgs<T, P> args, const acc_t<T>* __restrict__ partial, int64_t chunks,
-                            acc_t<T>* __restrict__ chan) {
+__device__ __forceinline__ void finalize_forward_channel(const BatchNormForwardArgs<T, P>& args, int64_t c, double s0,
+                                                         double s1, acc_t<T>* __restrict__ chan) {
   using A = acc_t<T>;
   const int64_t C = args.shape.c, n = args.shape.a * args.shape.b;
-  const int64_t c = int64_t(blockIdx.x) * kFinalizeCols + threadIdx.x;
-  double s0, s1;
-  chunk_sums(partial, C, chunks, c, &s0, &s1);
-  if (threadIdx.y != 0 || c >= C) return;
   double mean = 0, invstd = 0;
   if (args.training) {
     if (n > 0) {
@@ -404,6 +401,18 @@ __global__ void __launch_bounds__(kFinalizeCols* kFinalizeRows)
   chan[c] = static_cast<A>(mean);
   chan[C + c] = static_cast<A>(w * invstd);
   chan[2 * C + c] = static_cast<A>(b);
+}
+
+template <typename T, typename P>
+__global__ void __launch_bounds__(kFinalizeCols* kFinalizeRows)
+    finalize_forward_kernel(BatchNormForwardArgs<T, P> args, const acc_t<T>* __restrict__ partial, int64_t chunks,
+                            acc_t<T>* __restrict__ chan) {
+  const int64_t C = args.shape.c;
+  const int64_t c = int64_t(blockIdx.x) * kFinalizeCols + threadIdx.x;
+  double s0, s1;
+  chunk_sums(partial, C, chunks, c, &s0, &s1);
+  if (threadIdx.y != 0 || c >= C) return;
+  finalize_forward_channel(args, c, s0, s1, chan);
 }
 
 struct ForwardFlags {
@@ -530,18 +539,14 @@ __global__ void __launch_bounds__(kThreads)
 
 // --- backward -------------------------------------------------------------------------------------------------------
 
-// Per channel: grad_weight, grad_bias and coef = (k, q, r, mean) of dx = k (dz - r - q (x - mean)): k = w invstd,
-// r = mean(dz), q = invstd^2 mean(dz (x - mean)) in training (0 in eval), the form torch's kernels use.
+// Per channel c, from its sums s0 = sum dz, s1 = sum dz (x - mean): grad_weight, grad_bias and coef = (k, q, r, mean)
+// of dx = k (dz - r - q (x - mean)): k = w invstd, r = mean(dz), q = invstd^2 mean(dz (x - mean)) in training (0 in
+// eval), the form torch's kernels use. The finalize kernel and the fused rung's last block call it.
 template <typename T, typename P>
-__global__ void __launch_bounds__(kFinalizeCols* kFinalizeRows)
-    finalize_backward_kernel(BatchNormBackwardArgs<T, P> args, const acc_t<T>* __restrict__ partial, int64_t chunks,
-                             acc_t<T>* __restrict__ coef) {
+__device__ __forceinline__ void finalize_backward_channel(const BatchNormBackwardArgs<T, P>& args, int64_t c,
+                                                          double s0, double s1, acc_t<T>* __restrict__ coef) {
   using A = acc_t<T>;
   const int64_t C = args.shape.c, n = args.shape.a * args.shape.b;
-  const int64_t c = int64_t(blockIdx.x) * kFinalizeCols + threadIdx.x;
-  double s0, s1;
-  chunk_sums(partial, C, chunks, c, &s0, &s1);
-  if (threadIdx.y != 0 || c >= C) return;
   const double invstd = static_cast<double>(args.save_invstd[c]);
   const double w = args.weight != nullptr ? to_double(args.weight[c]) : 1.0;
   if (args.grad_bias != nullptr) args.grad_bias[c] = from_double<P>(s0);
@@ -551,6 +556,18 @@ __global__ void __launch_bounds__(kFinalizeCols* kFinalizeRows)
   coef[C + c] = stats ? static_cast<A>(invstd * invstd * s1 / static_cast<double>(n)) : A(0);
   coef[2 * C + c] = stats ? static_cast<A>(s0 / static_cast<double>(n)) : A(0);
   coef[3 * C + c] = args.save_mean[c];
+}
+
+template <typename T, typename P>
+__global__ void __launch_bounds__(kFinalizeCols* kFinalizeRows)
+    finalize_backward_kernel(BatchNormBackwardArgs<T, P> args, const acc_t<T>* __restrict__ partial, int64_t chunks,
+                             acc_t<T>* __restrict__ coef) {
+  const int64_t C = args.shape.c;
+  const int64_t c = int64_t(blockIdx.x) * kFinalizeCols + threadIdx.x;
+  double s0, s1;
+  chunk_sums(partial, C, chunks, c, &s0, &s1);
+  if (threadIdx.y != 0 || c >= C) return;
+  finalize_backward_channel(args, c, s0, s1, coef);
 }
 
 struct BackwardFlags {
