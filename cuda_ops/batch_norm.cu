@@ -544,8 +544,8 @@ __global__ void __launch_bounds__(kThreads)
 // of dx = k (dz - r - q (x - mean)): k = w invstd, r = mean(dz), q = invstd^2 mean(dz (x - mean)) in training (0 in
 // eval), the form torch's kernels use. The finalize kernel and the fused rung's last block call it.
 template <typename T, typename P>
-__device__ __forceinline__ void finalize_backward_channel(const BatchNormBackwardArgs<T, P>& args, int64_t c,
-                                                          double s0, double s1, acc_t<T>* __restrict__ coef) {
+__device__ __forceinline__ void finalize_backward_channel(const BatchNormBackwardArgs<T, P>& args, int64_t c, double s0,
+                                                          double s1, acc_t<T>* __restrict__ coef) {
   using A = acc_t<T>;
   const int64_t C = args.shape.c, n = args.shape.a * args.shape.b;
   const double invstd = static_cast<double>(args.save_invstd[c]);
@@ -781,15 +781,18 @@ size_t workspace_bytes(int64_t chunks, int64_t c, int vectors) {
 //              the last group of the column block adds the groups in group order and finalizes its channels
 //              (finalize_*_channel). Which block does the adding depends on timing, the order of the additions never.
 //   apply      normalize (forward) or dx and grad_residual (backward) over the same tiles, chunks in reverse order.
-//   single     (forward) reduction and apply in one cooperative launch: each thread keeps its R rows of x in
-//              registers, and the blocks of a column block wait on its ready flag before normalizing them. The same
-//              code and the same plan as reduction + apply, so the same bits; taken when the grid fits on the GPU at
-//              once (cooperative launch) and the stream is not capturing, else the two launches run.
+//   single     (forward) reduction and apply in one cooperative launch: each thread keeps its R rows of x in shared
+//              memory (kHeldBytes), and the blocks of a column block wait on its ready flag before normalizing them:
+//              x is read once. The same code and the same plan as reduction + apply, so the same bits; taken when the
+//              grid fits on the GPU at once and the stream is not capturing, else the two launches run.
 
+// Rows a thread: 256 bytes of its unit (16 rows for half types, 8 float); 128 for double, whose registers run out.
 template <typename T>
-constexpr int kFusedRows = sizeof(T) == 8 ? 2 : 256 / (kUnit * int(sizeof(T)));  // double: 128 bytes (registers)
-constexpr int kFusedGroup = 32;  // chunks per first-level group
-constexpr int kFusedBatch = 4;   // rows of the second tensor (residual; backward dy and x) in flight per thread
+constexpr int kFusedRows = sizeof(T) == 8 ? 2 : 256 / (kUnit * int(sizeof(T)));
+// Chunks a first-level group adds.
+constexpr int kFusedGroup = 32;
+// Rows of a second tensor (the residual; the backward's dy and x) in flight a thread.
+constexpr int kFusedBatch = 4;
 
 struct FusedPlan {
   int bx = 1, by = 1;
@@ -918,8 +921,8 @@ struct FusedShared {
 // block's partial for chunk `chunk`, then the counters' cascade (see above). Returns true in the one block that ends
 // the column block's sums, with them in sh.total[0 or 1][channel - cb bx 8].
 template <typename A>
-__device__ bool fused_reduce(const A (&s0)[kUnit], const A (&s1)[kUnit], const FusedPlan& p, int64_t chunk,
-                             int64_t cb, const FusedWs<A>& ws, FusedShared<A>& sh) {
+__device__ bool fused_reduce(const A (&s0)[kUnit], const A (&s1)[kUnit], const FusedPlan& p, int64_t chunk, int64_t cb,
+                             const FusedWs<A>& ws, FusedShared<A>& sh) {
   const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
   const int tid = ty * bx + tx;
   const int64_t C = p.c, units = C / kUnit, u = cb * bx + tx;
@@ -1264,7 +1267,8 @@ cudaError_t fused_forward(const BatchNormForwardArgs<T, P>& args, void* workspac
   constexpr auto single = fused_forward_rows_kernel<T, P, FusedMode::single>;
   if (single_launch_fits<single>(plan.chunks * plan.col_blocks, kHeldBytes<T>, stream)) {
     void* params[] = {&fp};
-    err = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(single), grid, block, params, kHeldBytes<T>, stream);
+    err =
+        cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(single), grid, block, params, kHeldBytes<T>, stream);
     if (err == cudaSuccess) return cudaSuccess;
     (void)cudaGetLastError();  // not launched (e.g. fewer multiprocessors under MPS): the two launches, same bits
   }
@@ -1345,7 +1349,9 @@ BatchNormKernel batch_norm_backward_default_kernel(const BatchNormBackwardArgs<T
 
 template <typename T, typename P>
 size_t batch_norm_forward_workspace_bytes(BatchNormKernel kernel, const BatchNormForwardArgs<T, P>& args) {
-  if (fused_forward_applies(kernel, args)) return fused_workspace_bytes<acc_t<T>>(fused_plan<T>(args.shape.a, args.shape.c));
+  if (fused_forward_applies(kernel, args)) {
+    return fused_workspace_bytes<acc_t<T>>(fused_plan<T>(args.shape.a, args.shape.c));
+  }
   const bool stats_pass = args.training && args.sum == nullptr;
   const int64_t chunks = stats_pass ? reduce_chunks(path_of(kernel, args.shape), args.shape) : 0;
   return workspace_bytes<acc_t<T>>(chunks, args.shape.c, 3);
