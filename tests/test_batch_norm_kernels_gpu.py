@@ -281,7 +281,7 @@ def test_batch_norm_fused_single_launch_matches_two(dtype, monkeypatch):
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 got = ops.batch_norm_add_relu(x, r, w, b, rm1, rv1, True, 0.1, 1e-5, None, None, "fused")
                 torch.cuda.synchronize()
-            launches = sum(e.count for e in prof.key_averages() if "fused_forward_rows_kernel" in e.key)
+            launches = sum(e.count for e in prof.key_averages() if "batch_norm_fused_forward_kernel" in e.key)
             runs[single] = (tuple(got) + (rm1, rv1), launches)
         tag = f"{_name(dtype)}-{shape}"
         assert runs["0"][1] == 2, f"[{tag}] TORCHEXT_BATCH_NORM_SINGLE=0: {runs['0'][1]} fused forward launches, not 2"
