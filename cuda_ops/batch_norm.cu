@@ -33,11 +33,12 @@
 //               into the reductions: each block writes its partial sums, and the last block of each group of 32
 //               chunks (then the last group) adds them in chunk (group) order, found with integer counters zeroed by a
 //               memset: no finalize launch and no single-block finalize looping over ~1000 chunks. Each thread holds
-//               256 bytes of its unit's rows (16 rows of bf16) with all loads in flight. The training forward runs as
-//               ONE cooperative launch when its grid fits on the GPU at once (256x8x8 and 512x4x4 bf16 at batch 512
-//               on an H100): the rows stay in shared memory between the statistics and the normalize (x read once,
-//               2 E s + E / 8 in all); else, and under graph capture, as two launches (reduce + apply) with the same
-//               plan and code, hence the same bits. Forward: memset + 1 or 2 kernels; backward: memset + 2 kernels.
+//               256 bytes of its unit's rows (16 rows of bf16). Each direction runs as ONE cooperative launch when
+//               its grid fits on the GPU at once (256x8x8 and 512x4x4 bf16 at batch 512 on an H100): the training
+//               forward keeps its rows in shared memory between the statistics and the normalize (x read once,
+//               2 E s + E / 8 in all), the backward reads its tile again (from L2); else, and under graph capture, as
+//               two launches (reduce + apply) with the same plan and code, hence the same bits. Each direction:
+//               memset + 1 or 2 kernels.
 // Determinism: every sum has a fixed order that depends on the shape only (chunk counts included, never on the GPU's
 // multiprocessor count), no float atomics: the same bits on every run and every GPU.
 #include <cuda_bf16.h>
@@ -790,10 +791,11 @@ size_t workspace_bytes(int64_t chunks, int64_t c, int vectors) {
 //              the last group of the column block adds the groups in group order and finalizes its channels
 //              (finalize_*_channel). Which block does the adding depends on timing, the order of the additions never.
 //   apply      normalize (forward) or dx and grad_residual (backward) over the same tiles, chunks in reverse order.
-//   single     (forward) reduction and apply in one cooperative launch: each thread keeps its R rows of x in shared
-//              memory (kHeldBytes), and the blocks of a column block wait on its ready flag before normalizing them:
-//              x is read once. The same code and the same plan as reduction + apply, so the same bits; taken when the
-//              grid fits on the GPU at once and the stream is not capturing, else the two launches run.
+//   single     reduction and apply in one cooperative launch: the blocks of a column block wait on its ready flag
+//              (set by the block that finalized it) before the apply. The forward keeps each thread's R rows of x in
+//              shared memory (kHeldBytes): x is read once; the backward reads its tile again. The same code and the
+//              same plan as reduction + apply, so the same bits; taken when the grid fits on the GPU at once and the
+//              stream is not capturing, else the two launches run.
 
 // Rows a thread: 256 bytes of its unit (16 rows for half types, 8 float); 128 for double, whose registers run out.
 template <typename T>
@@ -1119,23 +1121,23 @@ struct FusedBackwardParams {
   FusedWs<acc_t<T>> ws;
 };
 
-// reduce: sum dz and sum dz (x - mean) and the finalize (grad_weight, grad_bias, coef); apply: dx and grad_residual.
+// reduce: sum dz and sum dz (x - mean) and the finalize (grad_weight, grad_bias, coef); apply: dx and grad_residual;
+// single: both, the apply reading its tile again (just read: from L2) after the column block's ready flag.
 template <typename T, typename P, FusedMode M>
 __global__ void __launch_bounds__(kThreads, 2) batch_norm_fused_backward_kernel(const FusedBackwardParams<T, P> fp) {
-  static_assert(M != FusedMode::single, "the backward runs as two launches");
   using A = acc_t<T>;
   constexpr int R = kFusedRows<T>, NB = R < kFusedBatch ? R : kFusedBatch;
   static_assert(R % NB == 0);
   __shared__ FusedShared<A> sh;
   const BatchNormBackwardArgs<T, P>& args = fp.args;
   const FusedPlan& p = fp.plan;
-  const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
+  const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y, tid = ty * bx + tx;
   const int64_t C = p.c, rows = p.rows, units = C / kUnit;
   const int64_t cb = blockIdx.y, u = cb * bx + tx, c0 = u * kUnit;
   const bool active = u < units;
   const int64_t chunk = M == FusedMode::apply ? int64_t(gridDim.x) - 1 - blockIdx.x : int64_t(blockIdx.x);
   const int64_t r0 = chunk * p.rows_per_chunk + ty;
-  if constexpr (M == FusedMode::reduce) {
+  if constexpr (M != FusedMode::apply) {
     A s0[kUnit], s1[kUnit], mean[kUnit];
 #pragma unroll
     for (int j = 0; j < kUnit; ++j) {
@@ -1172,22 +1174,29 @@ __global__ void __launch_bounds__(kThreads, 2) batch_norm_fused_backward_kernel(
       }
     }
     if (fused_reduce(s0, s1, p, chunk, cb, fp.ws, sh)) {
-      const int tid = ty * bx + tx;
       const int64_t c_begin = cb * bx * kUnit;
-      if (c_begin + tid < C && tid < bx * kUnit) {
+      if (tid < bx * kUnit && c_begin + tid < C) {
         finalize_backward_channel(args, c_begin + tid, sh.total[0][tid], sh.total[1][tid], fp.ws.vectors);
+        __threadfence();
       }
+      __syncthreads();
+      if (tid == 0) ready_release(&fp.ws.counters[p.col_blocks * (p.groups + 1) + cb]);
     }
-  } else {
+  }
+  if constexpr (M == FusedMode::single) {
+    if (tid == 0) ready_wait(&fp.ws.counters[p.col_blocks * (p.groups + 1) + cb]);
+    __syncthreads();
+  }
+  if constexpr (M != FusedMode::reduce) {
     if (!active) return;
     const A* coef = fp.ws.vectors;
     A k[kUnit], q[kUnit], r[kUnit], mean[kUnit];
 #pragma unroll
     for (int j = 0; j < kUnit; ++j) {
-      k[j] = coef[c0 + j];
-      q[j] = coef[C + c0 + j];
-      r[j] = coef[2 * C + c0 + j];
-      mean[j] = coef[3 * C + c0 + j];
+      k[j] = __ldcg(coef + c0 + j);
+      q[j] = __ldcg(coef + C + c0 + j);
+      r[j] = __ldcg(coef + 2 * C + c0 + j);
+      mean[j] = __ldcg(coef + 3 * C + c0 + j);
     }
     const BackwardFlags f{args.training, args.grad_input != nullptr, args.grad_residual != nullptr,
                           args.mask != nullptr};
@@ -1221,7 +1230,7 @@ __global__ void __launch_bounds__(kThreads, 2) batch_norm_fused_backward_kernel(
   }
 }
 
-// Whether the forward's single launch can run now: TORCHEXT_BATCH_NORM_SINGLE is not "0" (the tests' way to compare
+// Whether a single launch can run now: TORCHEXT_BATCH_NORM_SINGLE is not "0" (the tests' way to compare
 // it with the two launches), the stream is not capturing (graphs get the two launches), the device takes cooperative
 // launches, and the grid fits on it at once with `smem` bytes of dynamic shared memory a block (Kernel's occupancy,
 // cached for the first device asked).
@@ -1238,7 +1247,7 @@ bool single_launch_fits(int64_t blocks, int smem, cudaStream_t stream) {
   int device = 0, coop = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device) != cudaSuccess ||
-      prepare_kernel<Kernel>(smem) != cudaSuccess) {
+      (smem > 0 && prepare_kernel<Kernel>(smem) != cudaSuccess)) {
     (void)cudaGetLastError();
     return false;
   }
@@ -1264,7 +1273,7 @@ bool fused_backward_applies(BatchNormKernel kernel, const BatchNormBackwardArgs<
   return kernel == BatchNormKernel::fused && a.shape.b == 1 && fused_plan_ok(fused_plan<T>(a.shape.a, a.shape.c));
 }
 
-// Counters zeroed, then the single launch where it fits, else reduce and apply.
+// Counters zeroed, then the single launch where it fits, else reduce and apply (the same bits).
 template <typename T, typename P>
 cudaError_t fused_forward(const BatchNormForwardArgs<T, P>& args, void* workspace, cudaStream_t stream) {
   using A = acc_t<T>;
@@ -1296,9 +1305,19 @@ cudaError_t fused_backward(const BatchNormBackwardArgs<T, P>& args, void* worksp
   cudaError_t err = cudaMemsetAsync(fp.ws.counters, 0, fused_part_bytes<A>(plan, 3), stream);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(plan.chunks), static_cast<unsigned>(plan.col_blocks)), block(plan.bx, plan.by);
+  const bool apply = args.grad_input != nullptr || args.grad_residual != nullptr;
+  constexpr auto single = batch_norm_fused_backward_kernel<T, P, FusedMode::single>;
+  if (apply && single_launch_fits<single>(plan.chunks * plan.col_blocks, 0, stream)) {
+    void* params[] = {&fp};
+    if (cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(single), grid, block, params, 0, stream) ==
+        cudaSuccess) {
+      return cudaSuccess;
+    }
+    (void)cudaGetLastError();
+  }
   batch_norm_fused_backward_kernel<T, P, FusedMode::reduce><<<grid, block, 0, stream>>>(fp);
   err = cudaGetLastError();
-  if (err != cudaSuccess || (args.grad_input == nullptr && args.grad_residual == nullptr)) return err;
+  if (err != cudaSuccess || !apply) return err;
   batch_norm_fused_backward_kernel<T, P, FusedMode::apply><<<grid, block, 0, stream>>>(fp);
   return cudaGetLastError();
 }

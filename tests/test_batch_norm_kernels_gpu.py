@@ -264,29 +264,42 @@ def _fused_blocks(shape, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
 def test_batch_norm_fused_single_launch_matches_two(dtype, monkeypatch):
-    """The fused rung's forward as one cooperative launch (x held in shared memory between the statistics and the
-    normalize) and as two launches (TORCHEXT_BATCH_NORM_SINGLE=0) runs the same plan in the same order: the same bits.
-    The profiler shows which ran: two fused forward kernels when forced, one where the grid fits one block per
-    multiprocessor (the kernel fits two)."""
+    """The fused rung as one cooperative launch per direction (the forward holds x in shared memory between the
+    statistics and the normalize; the backward reads its tile again) and as two launches per direction
+    (TORCHEXT_BATCH_NORM_SINGLE=0) runs the same plan in the same order: the same bits. The profiler shows which ran:
+    two fused kernels per direction when forced, one where the grid fits one block per multiprocessor (the kernels
+    fit two)."""
     from torch.profiler import ProfilerActivity, profile
 
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-
     for shape in ((64, 32, 16, 16), (32, 8, 64, 72), (6, 264, 5, 5)):
         x, r, g, w, b, rm, rv = _make(shape, dtype, "nhwc", seed=11)
+        saved = None
         runs = {}
         for single in ("1", "0"):
             monkeypatch.setenv("TORCHEXT_BATCH_NORM_SINGLE", single)
             rm1, rv1 = rm.clone(), rv.clone()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                got = ops.batch_norm_add_relu(x, r, w, b, rm1, rv1, True, 0.1, 1e-5, None, None, "fused")
+                fwd = ops.batch_norm_add_relu(x, r, w, b, rm1, rv1, True, 0.1, 1e-5, None, None, "fused")
+                if saved is None:  # the backward of both runs gets the same inputs
+                    saved = fwd
+                _, mask, save_mean, save_invstd = saved
+                bwd = ops.batch_norm_backward(
+                    g, x, w, save_mean, save_invstd, mask, True, 1e-5, [True, True, True, True], "fused"
+                )
                 torch.cuda.synchronize()
-            launches = sum(e.count for e in prof.key_averages() if "batch_norm_fused_forward_kernel" in e.key)
-            runs[single] = (tuple(got) + (rm1, rv1), launches)
+            launches = {
+                d: sum(e.count for e in prof.key_averages() if f"batch_norm_fused_{d}_kernel" in e.key)
+                for d in ("forward", "backward")
+            }
+            runs[single] = (tuple(fwd) + (rm1, rv1) + tuple(bwd), launches)
         tag = f"{_name(dtype)}-{shape}"
-        assert runs["0"][1] == 2, f"[{tag}] TORCHEXT_BATCH_NORM_SINGLE=0: {runs['0'][1]} fused forward launches, not 2"
-        if _fused_blocks(shape, dtype) <= sms:
-            assert runs["1"][1] == 1, f"[{tag}] {runs['1'][1]} fused forward launches where one fits, not 1"
+        for d in ("forward", "backward"):
+            forced, free = runs["0"][1][d], runs["1"][1][d]
+            assert forced == 2, f"[{tag}] TORCHEXT_BATCH_NORM_SINGLE=0: {forced} fused {d} launches, not 2"
+            if _fused_blocks(shape, dtype) <= sms:
+                assert free == 1, f"[{tag}] {free} fused {d} launches where one fits, not 1"
         names = ("out", "mask", "save_mean", "save_invstd", "running_mean", "running_var")
+        names += ("grad_input", "grad_weight", "grad_bias", "grad_residual")
         for name, one, two in zip(names, runs["1"][0], runs["0"][0], strict=True):
             assert torch.equal(one, two), f"[{tag} {name}] one launch vs two: bits differ"
