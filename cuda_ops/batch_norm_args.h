@@ -26,7 +26,7 @@ enum class BatchNormKernel : int {
   vectorized,  // 16-byte loads and stores: rows x C tiles (C % 8 == 0) or planes (B % 8 == 0), per-thread channel
                // parameters in registers, elementwise passes in reverse order (the last data read is still in L2)
   fused,       // vectorized's arguments; on rows x C, the finalize folded into the reductions (the last block adds
-               // the partials in a fixed order) and the training forward as one launch when its grid fits on the GPU
+               // the partials in a fixed order) and each direction as one launch when its grid fits on the GPU
   count
 };
 
