@@ -107,7 +107,7 @@ TORCH_LIBRARY(torchext, m) {
   // variance); else with the running statistics. `sum` and `sum_sq` (training only): input's per-channel sum and sum of
   // squares over (N, H, W), e.g. from conv2d_stats, in place of the statistics pass. save_mean and save_invstd are the
   // mean and 1 / sqrt(var + eps) used, float32 (float64 for float64 inputs). `variant` names one version of the CUDA
-  // ladder ('simple', 'vectorized'; 'cpu' on CPU); None picks the fastest that supports the arguments.
+  // ladder ('simple', 'vectorized', 'fused'; 'cpu' on CPU); None picks the fastest that supports the arguments.
   m.def(
       "batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, "
       "bool training, float momentum, float eps, Tensor? sum=None, Tensor? sum_sq=None, str? variant=None) -> "

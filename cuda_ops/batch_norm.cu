@@ -29,12 +29,23 @@
 //               (the thread's channels' shift / mean / scale / shift in registers) and threadIdx.y over rows, 4 rows
 //               in flight per thread; the block's rows combined by a fixed shared-memory tree. planes (B % 8 == 0): 8
 //               elements of one plane per load, one channel per unit.
+//   fused       vectorized's arguments; on rows x C its own kernels (the rest runs vectorized's). The finalize folded
+//               into the reductions: each block writes its partial sums, and the last block of each group of 32
+//               chunks (then the last group) adds them in chunk (group) order, found with integer counters zeroed by a
+//               memset: no finalize launch and no single-block finalize looping over ~1000 chunks. Each thread holds
+//               256 bytes of its unit's rows (16 rows of bf16). Each direction runs as ONE cooperative launch when
+//               its grid fits on the GPU at once (256x8x8 and 512x4x4 bf16 at batch 512 on an H100): the training
+//               forward keeps its rows in shared memory between the statistics and the normalize (x read once,
+//               2 E s + E / 8 in all), the backward reads its tile again (from L2); else, and under graph capture, as
+//               two launches (reduce + apply) with the same plan and code, hence the same bits. Each direction:
+//               memset + 1 or 2 kernels.
 // Determinism: every sum has a fixed order that depends on the shape only (chunk counts included, never on the GPU's
-// multiprocessor count), no atomics: the same bits on every run and every GPU.
+// multiprocessor count), no float atomics: the same bits on every run and every GPU.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "batch_norm.cuh"
 #include "batch_norm_math.h"
@@ -359,17 +370,14 @@ __device__ __forceinline__ void chunk_sums(const A* __restrict__ partial, int64_
 
 // --- forward --------------------------------------------------------------------------------------------------------
 
-// Per channel: the statistics, the running buffers' update, save_mean / save_invstd, and chan = (mean, scale, shift).
+// Per channel c, from its two chunk sums s0, s1 (unused in eval and with given sums): the statistics, the running
+// buffers' update, save_mean / save_invstd, and chan = (mean, scale, shift). The finalize kernel and the fused rung's
+// last block call it.
 template <typename T, typename P>
-__global__ void __launch_bounds__(kFinalizeCols* kFinalizeRows)
-    finalize_forward_kernel(BatchNormForwardArgs<T, P> args, const acc_t<T>* __restrict__ partial, int64_t chunks,
-                            acc_t<T>* __restrict__ chan) {
+__device__ __forceinline__ void finalize_forward_channel(const BatchNormForwardArgs<T, P>& args, int64_t c, double s0,
+                                                         double s1, acc_t<T>* __restrict__ chan) {
   using A = acc_t<T>;
   const int64_t C = args.shape.c, n = args.shape.a * args.shape.b;
-  const int64_t c = int64_t(blockIdx.x) * kFinalizeCols + threadIdx.x;
-  double s0, s1;
-  chunk_sums(partial, C, chunks, c, &s0, &s1);
-  if (threadIdx.y != 0 || c >= C) return;
   double mean = 0, invstd = 0;
   if (args.training) {
     if (n > 0) {
@@ -404,6 +412,18 @@ __global__ void __launch_bounds__(kFinalizeCols* kFinalizeRows)
   chan[c] = static_cast<A>(mean);
   chan[C + c] = static_cast<A>(w * invstd);
   chan[2 * C + c] = static_cast<A>(b);
+}
+
+template <typename T, typename P>
+__global__ void __launch_bounds__(kFinalizeCols* kFinalizeRows)
+    finalize_forward_kernel(BatchNormForwardArgs<T, P> args, const acc_t<T>* __restrict__ partial, int64_t chunks,
+                            acc_t<T>* __restrict__ chan) {
+  const int64_t C = args.shape.c;
+  const int64_t c = int64_t(blockIdx.x) * kFinalizeCols + threadIdx.x;
+  double s0, s1;
+  chunk_sums(partial, C, chunks, c, &s0, &s1);
+  if (threadIdx.y != 0 || c >= C) return;
+  finalize_forward_channel(args, c, s0, s1, chan);
 }
 
 struct ForwardFlags {
@@ -530,18 +550,14 @@ __global__ void __launch_bounds__(kThreads)
 
 // --- backward -------------------------------------------------------------------------------------------------------
 
-// Per channel: grad_weight, grad_bias and coef = (k, q, r, mean) of dx = k (dz - r - q (x - mean)): k = w invstd,
-// r = mean(dz), q = invstd^2 mean(dz (x - mean)) in training (0 in eval), the form torch's kernels use.
+// Per channel c, from its sums s0 = sum dz, s1 = sum dz (x - mean): grad_weight, grad_bias and coef = (k, q, r, mean)
+// of dx = k (dz - r - q (x - mean)): k = w invstd, r = mean(dz), q = invstd^2 mean(dz (x - mean)) in training (0 in
+// eval), the form torch's kernels use. The finalize kernel and the fused rung's last block call it.
 template <typename T, typename P>
-__global__ void __launch_bounds__(kFinalizeCols* kFinalizeRows)
-    finalize_backward_kernel(BatchNormBackwardArgs<T, P> args, const acc_t<T>* __restrict__ partial, int64_t chunks,
-                             acc_t<T>* __restrict__ coef) {
+__device__ __forceinline__ void finalize_backward_channel(const BatchNormBackwardArgs<T, P>& args, int64_t c, double s0,
+                                                          double s1, acc_t<T>* __restrict__ coef) {
   using A = acc_t<T>;
   const int64_t C = args.shape.c, n = args.shape.a * args.shape.b;
-  const int64_t c = int64_t(blockIdx.x) * kFinalizeCols + threadIdx.x;
-  double s0, s1;
-  chunk_sums(partial, C, chunks, c, &s0, &s1);
-  if (threadIdx.y != 0 || c >= C) return;
   const double invstd = static_cast<double>(args.save_invstd[c]);
   const double w = args.weight != nullptr ? to_double(args.weight[c]) : 1.0;
   if (args.grad_bias != nullptr) args.grad_bias[c] = from_double<P>(s0);
@@ -551,6 +567,18 @@ __global__ void __launch_bounds__(kFinalizeCols* kFinalizeRows)
   coef[C + c] = stats ? static_cast<A>(invstd * invstd * s1 / static_cast<double>(n)) : A(0);
   coef[2 * C + c] = stats ? static_cast<A>(s0 / static_cast<double>(n)) : A(0);
   coef[3 * C + c] = args.save_mean[c];
+}
+
+template <typename T, typename P>
+__global__ void __launch_bounds__(kFinalizeCols* kFinalizeRows)
+    finalize_backward_kernel(BatchNormBackwardArgs<T, P> args, const acc_t<T>* __restrict__ partial, int64_t chunks,
+                             acc_t<T>* __restrict__ coef) {
+  const int64_t C = args.shape.c;
+  const int64_t c = int64_t(blockIdx.x) * kFinalizeCols + threadIdx.x;
+  double s0, s1;
+  chunk_sums(partial, C, chunks, c, &s0, &s1);
+  if (threadIdx.y != 0 || c >= C) return;
+  finalize_backward_channel(args, c, s0, s1, coef);
 }
 
 struct BackwardFlags {
@@ -753,6 +781,547 @@ size_t workspace_bytes(int64_t chunks, int64_t c, int vectors) {
   return align16(size_t(2 * chunks * c) * sizeof(A)) + align16(size_t(vectors) * size_t(c) * sizeof(A));
 }
 
+// --- the fused rung: rows x C, the finalize folded into the reduction ------------------------------------------------
+// One plan per shape (never the GPU's): blocks (bx, by) as in rows_plan, grid (chunks, col_blocks); in chunk k, thread
+// (tx, ty) of column block cb reads unit u = cb bx + tx (channels 8 u .. 8 u + 7) of rows k by R + ty + by i, i < R,
+// R = kFusedRows<T> rows (256 bytes of one unit per thread: 16 rows for half types, 8 float; 2 double).
+//   reduction  each thread sums its rows in order; the block's rows by a fixed shared-memory tree over ty; one partial
+//              pair per (chunk, channel). Then, with device-scope integer counters (no float atomics): the last block
+//              of each group of kFusedGroup consecutive chunks adds the group's partials in chunk order (float64), and
+//              the last group of the column block adds the groups in group order and finalizes its channels
+//              (finalize_*_channel). Which block does the adding depends on timing, the order of the additions never.
+//   apply      normalize (forward) or dx and grad_residual (backward) over the same tiles, chunks in reverse order.
+//   single     reduction and apply in one cooperative launch: the blocks of a column block wait on its ready flag
+//              (set by the block that finalized it) before the apply. The forward keeps each thread's R rows of x in
+//              shared memory (kHeldBytes): x is read once; the backward reads its tile again. The same code and the
+//              same plan as reduction + apply, so the same bits; taken when the grid fits on the GPU at once and the
+//              stream is not capturing, else the two launches run.
+
+// Rows a thread: 256 bytes of its unit (16 rows for half types, 8 float); 128 for double, whose registers run out.
+template <typename T>
+constexpr int kFusedRows = sizeof(T) == 8 ? 2 : 256 / (kUnit * int(sizeof(T)));
+// Chunks a first-level group adds.
+constexpr int kFusedGroup = 32;
+// Rows of a second tensor (the residual; the backward's dy and x) in flight a thread.
+constexpr int kFusedBatch = 4;
+
+struct FusedPlan {
+  int bx = 1, by = 1;
+  int64_t rows = 0, c = 0, col_blocks = 0, chunks = 0, rows_per_chunk = 0, groups = 0;
+};
+
+template <typename T>
+FusedPlan fused_plan(int64_t rows, int64_t c) {
+  FusedPlan p;
+  p.rows = rows;
+  p.c = c;
+  const int64_t units = c / kUnit;
+  while (p.bx < units && p.bx < 32) p.bx *= 2;
+  p.by = kThreads / p.bx;
+  p.col_blocks = ceil_div(units, p.bx);
+  if (rows <= 0 || units <= 0) return p;
+  p.rows_per_chunk = int64_t(p.by) * kFusedRows<T>;
+  p.chunks = ceil_div(rows, p.rows_per_chunk);
+  p.groups = ceil_div(p.chunks, kFusedGroup);
+  return p;
+}
+
+// Whether the fused kernels can take this plan (grid limits), else the vectorized ones run.
+bool fused_plan_ok(const FusedPlan& p) { return p.chunks > 0 && p.chunks <= kMaxGridX && p.col_blocks <= kMaxGridY; }
+
+// The fused kernels' workspace: partial [2][chunks][C] (acc_t), group sums [2][groups][C] (float64), the per-channel
+// vectors [4][C] (acc_t), counters [col_blocks][groups] (group arrivals), [col_blocks] (groups done), [col_blocks]
+// (ready flags), zeroed before each launch.
+template <typename A>
+struct FusedWs {
+  A* partial;
+  double* group;
+  A* vectors;
+  unsigned* counters;
+};
+
+template <typename A>
+size_t fused_part_bytes(const FusedPlan& p, int part) {
+  switch (part) {
+    case 0:
+      return align16(size_t(2 * p.chunks * p.c) * sizeof(A));
+    case 1:
+      return align16(size_t(2 * p.groups * p.c) * sizeof(double));
+    case 2:
+      return align16(size_t(4 * p.c) * sizeof(A));
+    default:
+      return align16(size_t(p.col_blocks * (p.groups + 2)) * sizeof(unsigned));
+  }
+}
+
+template <typename A>
+size_t fused_workspace_bytes(const FusedPlan& p) {
+  return fused_part_bytes<A>(p, 0) + fused_part_bytes<A>(p, 1) + fused_part_bytes<A>(p, 2) + fused_part_bytes<A>(p, 3);
+}
+
+template <typename A>
+FusedWs<A> split_fused_workspace(void* base, const FusedPlan& p) {
+  char* q = static_cast<char*>(base);
+  FusedWs<A> ws;
+  ws.partial = reinterpret_cast<A*>(q);
+  q += fused_part_bytes<A>(p, 0);
+  ws.group = reinterpret_cast<double*>(q);
+  q += fused_part_bytes<A>(p, 1);
+  ws.vectors = reinterpret_cast<A*>(q);
+  q += fused_part_bytes<A>(p, 2);
+  ws.counters = reinterpret_cast<unsigned*>(q);
+  return ws;
+}
+
+// One unit (8 elements) as whole 16-byte words, so that rows held across the reduction stay packed in registers (two
+// bf16 per register, not one).
+template <typename T>
+struct PackedUnit {
+  uint4 w[kUnit * sizeof(T) / 16];
+};
+
+template <typename T>
+__device__ __forceinline__ void load_packed(const T* __restrict__ p, PackedUnit<T>& out) {
+#pragma unroll
+  for (int i = 0; i < int(kUnit * sizeof(T) / 16); ++i) out.w[i] = reinterpret_cast<const uint4*>(p)[i];
+}
+
+template <typename T>
+__device__ __forceinline__ void unpack(const PackedUnit<T>& in, T (&out)[kUnit]) {
+  static_assert(sizeof(out) == sizeof(in.w));
+  __builtin_memcpy(out, in.w, sizeof(out));
+}
+
+__device__ __forceinline__ void ready_release(unsigned* flag) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(1u) : "memory");
+}
+__device__ __forceinline__ void ready_wait(const unsigned* flag) {
+  unsigned v = 0;
+  while (true) {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+    if (v != 0) break;
+    __nanosleep(64);
+  }
+}
+
+// sum_{k < n} p[k stride] in float64, k in order, 16 loads in flight (read through L2: other blocks wrote them).
+template <typename V>
+__device__ __forceinline__ double sum_column(const V* p, int64_t stride, int64_t n) {
+  double acc = 0;
+  for (int64_t k0 = 0; k0 < n; k0 += 16) {
+    V v[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] = k0 + i < n ? __ldcg(p + (k0 + i) * stride) : V(0);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      if (k0 + i < n) acc += static_cast<double>(v[i]);
+    }
+  }
+  return acc;
+}
+
+// The block's shared memory for fused_reduce.
+template <typename A>
+struct FusedShared {
+  A tree[2][kThreads * kUnit];
+  double total[2][kThreads];  // the column block's sums, bx * 8 <= kThreads channels
+  bool last;
+};
+
+// Every thread of the block calls this with its sums over its rows of unit u (zeros where u >= units). Writes the
+// block's partial for chunk `chunk`, then the counters' cascade (see above). Returns true in the one block that ends
+// the column block's sums, with them in sh.total[0 or 1][channel - cb bx 8].
+template <typename A>
+__device__ bool fused_reduce(const A (&s0)[kUnit], const A (&s1)[kUnit], const FusedPlan& p, int64_t chunk, int64_t cb,
+                             const FusedWs<A>& ws, FusedShared<A>& sh) {
+  const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
+  const int tid = ty * bx + tx;
+  const int64_t C = p.c, units = C / kUnit, u = cb * bx + tx;
+  const int slot = tid * kUnit;
+#pragma unroll
+  for (int j = 0; j < kUnit; ++j) {
+    sh.tree[0][slot + j] = s0[j];
+    sh.tree[1][slot + j] = s1[j];
+  }
+  for (int half = by / 2; half > 0; half /= 2) {
+    __syncthreads();
+    if (ty < half) {
+      const int other = ((ty + half) * bx + tx) * kUnit;
+#pragma unroll
+      for (int j = 0; j < kUnit; ++j) {
+        sh.tree[0][slot + j] += sh.tree[0][other + j];
+        sh.tree[1][slot + j] += sh.tree[1][other + j];
+      }
+    }
+  }
+  if (ty == 0 && u < units) {
+#pragma unroll
+    for (int j = 0; j < kUnit; ++j) {
+      ws.partial[chunk * C + u * kUnit + j] = sh.tree[0][slot + j];
+      ws.partial[(p.chunks + chunk) * C + u * kUnit + j] = sh.tree[1][slot + j];
+    }
+    __threadfence();
+  }
+  __syncthreads();
+  const int64_t grp = chunk / kFusedGroup, k0 = grp * kFusedGroup;
+  const int64_t k1 = k0 + kFusedGroup < p.chunks ? k0 + kFusedGroup : p.chunks;
+  if (tid == 0) sh.last = atomicAdd(&ws.counters[cb * p.groups + grp], 1u) == unsigned(k1 - k0 - 1);
+  __syncthreads();
+  if (!sh.last) return false;
+  __threadfence();
+  const int64_t c_begin = cb * bx * kUnit;
+  const int nch = static_cast<int>(C - c_begin < int64_t(bx) * kUnit ? C - c_begin : int64_t(bx) * kUnit);
+  for (int item = tid; item < 2 * nch; item += kThreads) {
+    const int which = item < nch ? 0 : 1;
+    const int64_t c = c_begin + item - which * nch;
+    ws.group[(which * p.groups + grp) * C + c] = sum_column(ws.partial + (which * p.chunks + k0) * C + c, C, k1 - k0);
+  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) sh.last = atomicAdd(&ws.counters[p.col_blocks * p.groups + cb], 1u) == unsigned(p.groups - 1);
+  __syncthreads();
+  if (!sh.last) return false;
+  __threadfence();
+  for (int item = tid; item < 2 * nch; item += kThreads) {
+    const int which = item < nch ? 0 : 1;
+    const int64_t c = c_begin + item - which * nch;
+    sh.total[which][item - which * nch] = sum_column(ws.group + which * p.groups * C + c, C, p.groups);
+  }
+  __syncthreads();
+  return true;
+}
+
+enum class FusedMode { reduce, apply, single };
+
+template <typename T, typename P>
+struct FusedForwardParams {
+  BatchNormForwardArgs<T, P> args;
+  FusedPlan plan;
+  FusedWs<acc_t<T>> ws;
+};
+
+// The single launch's rows of x, held in shared memory between the statistics and the normalize: [R][words][threads]
+// 16-byte words (consecutive threads, consecutive words: no bank conflicts). 64 KiB a block (32 KiB for double).
+template <typename T>
+constexpr int kWords = kUnit * int(sizeof(T)) / 16;
+template <typename T>
+constexpr int kHeldBytes = kFusedRows<T> * kWords<T> * 16 * kThreads;
+
+template <typename T, typename P, FusedMode M>
+__global__ void __launch_bounds__(kThreads, 2) batch_norm_fused_forward_kernel(const FusedForwardParams<T, P> fp) {
+  using A = acc_t<T>;
+  constexpr int R = kFusedRows<T>, NB = R < kFusedBatch ? R : kFusedBatch;
+  static_assert(R % NB == 0);
+  __shared__ FusedShared<A> sh;
+  extern __shared__ uint4 held[];  // single: kHeldBytes<T>
+  const BatchNormForwardArgs<T, P>& args = fp.args;
+  const FusedPlan& p = fp.plan;
+  const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y, tid = ty * bx + tx;
+  const int64_t C = p.c, rows = p.rows, units = C / kUnit;
+  const int64_t cb = blockIdx.y, u = cb * bx + tx, c0 = u * kUnit;
+  const bool active = u < units;
+  // Reverse chunk order in the apply launch: the reduction's last rows are still in L2.
+  const int64_t chunk = M == FusedMode::apply ? int64_t(gridDim.x) - 1 - blockIdx.x : int64_t(blockIdx.x);
+  const int64_t r0 = chunk * p.rows_per_chunk + ty;
+  if constexpr (M != FusedMode::apply) {
+    PackedUnit<T> xv[R];  // all R loads in flight
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int64_t r = r0 + int64_t(i) * by;
+      if (active && r < rows) load_packed(args.x + r * C + c0, xv[i]);
+    }
+    A s0[kUnit], s1[kUnit], ref[kUnit];
+#pragma unroll
+    for (int j = 0; j < kUnit; ++j) s0[j] = s1[j] = ref[j] = A(0);
+    if (active) {
+      T k[kUnit];
+      load8(args.x + c0, k);  // the shift: row 0, as finalize_forward_channel reads it
+#pragma unroll
+      for (int j = 0; j < kUnit; ++j) ref[j] = to_acc<T>(k[j]);
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      if (active && r0 + int64_t(i) * by < rows) {
+        T xr[kUnit];
+        unpack(xv[i], xr);
+#pragma unroll
+        for (int j = 0; j < kUnit; ++j) {
+          const A d = to_acc<T>(xr[j]) - ref[j];
+          s0[j] += d;
+          s1[j] += d * d;
+        }
+        if constexpr (M == FusedMode::single) {
+#pragma unroll
+          for (int w = 0; w < kWords<T>; ++w) held[(i * kWords<T> + w) * kThreads + tid] = xv[i].w[w];
+        }
+      }
+    }
+    if (fused_reduce(s0, s1, p, chunk, cb, fp.ws, sh)) {
+      const int64_t c_begin = cb * bx * kUnit;
+      if (tid < bx * kUnit && c_begin + tid < C) {
+        finalize_forward_channel(args, c_begin + tid, sh.total[0][tid], sh.total[1][tid], fp.ws.vectors);
+        __threadfence();
+      }
+      __syncthreads();
+      if (tid == 0) ready_release(&fp.ws.counters[p.col_blocks * (p.groups + 1) + cb]);
+    }
+  }
+  if constexpr (M == FusedMode::single) {
+    // Every block of the column block is resident (cooperative launch): wait for the one that finalized it.
+    if (tid == 0) ready_wait(&fp.ws.counters[p.col_blocks * (p.groups + 1) + cb]);
+    __syncthreads();
+  }
+  if constexpr (M != FusedMode::reduce) {
+    if (!active) return;
+    const A* chan = fp.ws.vectors;
+    A mean[kUnit], scale[kUnit], shift[kUnit];
+#pragma unroll
+    for (int j = 0; j < kUnit; ++j) {
+      mean[j] = __ldcg(chan + c0 + j);
+      scale[j] = __ldcg(chan + C + c0 + j);
+      shift[j] = __ldcg(chan + 2 * C + c0 + j);
+    }
+    const ForwardFlags f{args.residual != nullptr, args.mask != nullptr};
+#pragma unroll
+    for (int i0 = 0; i0 < R; i0 += NB) {
+      T xb[NB][kUnit], rv[NB][kUnit];
+#pragma unroll
+      for (int i = 0; i < NB; ++i) {
+        const int64_t r = r0 + int64_t(i0 + i) * by;
+        if (r < rows) {
+          if constexpr (M == FusedMode::apply) {
+            load8(args.x + r * C + c0, xb[i]);
+          } else {
+            PackedUnit<T> pu;
+#pragma unroll
+            for (int w = 0; w < kWords<T>; ++w) pu.w[w] = held[((i0 + i) * kWords<T> + w) * kThreads + tid];
+            unpack(pu, xb[i]);
+          }
+          if (f.residual) load8(args.residual + r * C + c0, rv[i]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < NB; ++i) {
+        const int64_t r = r0 + int64_t(i0 + i) * by;
+        if (r < rows) {
+          T yv[kUnit];
+          const uint8_t bits = normalize_unit(xb[i], rv[i], mean, scale, shift, f, yv);
+          store8(args.y + r * C + c0, yv);
+          if (f.relu) args.mask[r * units + u] = bits;
+        }
+      }
+    }
+  }
+}
+
+template <typename T, typename P>
+struct FusedBackwardParams {
+  BatchNormBackwardArgs<T, P> args;
+  FusedPlan plan;
+  FusedWs<acc_t<T>> ws;
+};
+
+// reduce: sum dz and sum dz (x - mean) and the finalize (grad_weight, grad_bias, coef); apply: dx and grad_residual;
+// single: both, the apply reading its tile again (just read: from L2) after the column block's ready flag.
+template <typename T, typename P, FusedMode M>
+__global__ void __launch_bounds__(kThreads, 2) batch_norm_fused_backward_kernel(const FusedBackwardParams<T, P> fp) {
+  using A = acc_t<T>;
+  constexpr int R = kFusedRows<T>, NB = R < kFusedBatch ? R : kFusedBatch;
+  static_assert(R % NB == 0);
+  __shared__ FusedShared<A> sh;
+  const BatchNormBackwardArgs<T, P>& args = fp.args;
+  const FusedPlan& p = fp.plan;
+  const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y, tid = ty * bx + tx;
+  const int64_t C = p.c, rows = p.rows, units = C / kUnit;
+  const int64_t cb = blockIdx.y, u = cb * bx + tx, c0 = u * kUnit;
+  const bool active = u < units;
+  const int64_t chunk = M == FusedMode::apply ? int64_t(gridDim.x) - 1 - blockIdx.x : int64_t(blockIdx.x);
+  const int64_t r0 = chunk * p.rows_per_chunk + ty;
+  if constexpr (M != FusedMode::apply) {
+    A s0[kUnit], s1[kUnit], mean[kUnit];
+#pragma unroll
+    for (int j = 0; j < kUnit; ++j) {
+      s0[j] = s1[j] = A(0);
+      mean[j] = active ? args.save_mean[c0 + j] : A(0);
+    }
+#pragma unroll
+    for (int i0 = 0; i0 < R; i0 += NB) {
+      PackedUnit<T> gv[NB], xv[NB];
+      uint8_t bits[NB];
+#pragma unroll
+      for (int i = 0; i < NB; ++i) {
+        const int64_t r = r0 + int64_t(i0 + i) * by;
+        bits[i] = 0;
+        if (active && r < rows) {
+          load_packed(args.grad_out + r * C + c0, gv[i]);
+          load_packed(args.x + r * C + c0, xv[i]);
+          bits[i] = args.mask != nullptr ? args.mask[r * units + u] : uint8_t(0xff);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < NB; ++i) {
+        if (active && r0 + int64_t(i0 + i) * by < rows) {
+          T gr[kUnit], xr[kUnit];
+          unpack(gv[i], gr);
+          unpack(xv[i], xr);
+#pragma unroll
+          for (int j = 0; j < kUnit; ++j) {
+            const A dz = (bits[i] >> j) & 1 ? to_acc<T>(gr[j]) : A(0);
+            s0[j] += dz;
+            s1[j] += dz * (to_acc<T>(xr[j]) - mean[j]);
+          }
+        }
+      }
+    }
+    if (fused_reduce(s0, s1, p, chunk, cb, fp.ws, sh)) {
+      const int64_t c_begin = cb * bx * kUnit;
+      if (tid < bx * kUnit && c_begin + tid < C) {
+        finalize_backward_channel(args, c_begin + tid, sh.total[0][tid], sh.total[1][tid], fp.ws.vectors);
+        __threadfence();
+      }
+      __syncthreads();
+      if (tid == 0) ready_release(&fp.ws.counters[p.col_blocks * (p.groups + 1) + cb]);
+    }
+  }
+  if constexpr (M == FusedMode::single) {
+    if (tid == 0) ready_wait(&fp.ws.counters[p.col_blocks * (p.groups + 1) + cb]);
+    __syncthreads();
+  }
+  if constexpr (M != FusedMode::reduce) {
+    if (!active) return;
+    const A* coef = fp.ws.vectors;
+    A k[kUnit], q[kUnit], r[kUnit], mean[kUnit];
+#pragma unroll
+    for (int j = 0; j < kUnit; ++j) {
+      k[j] = __ldcg(coef + c0 + j);
+      q[j] = __ldcg(coef + C + c0 + j);
+      r[j] = __ldcg(coef + 2 * C + c0 + j);
+      mean[j] = __ldcg(coef + 3 * C + c0 + j);
+    }
+    const BackwardFlags f{args.training, args.grad_input != nullptr, args.grad_residual != nullptr,
+                          args.mask != nullptr};
+    const bool read_x = f.training && f.grad_input;
+#pragma unroll
+    for (int i0 = 0; i0 < R; i0 += NB) {
+      PackedUnit<T> gv[NB], xv[NB];
+      uint8_t bits[NB];
+#pragma unroll
+      for (int i = 0; i < NB; ++i) {
+        const int64_t rr = r0 + int64_t(i0 + i) * by;
+        if (rr < rows) {
+          load_packed(args.grad_out + rr * C + c0, gv[i]);
+          if (read_x) load_packed(args.x + rr * C + c0, xv[i]);
+          bits[i] = f.mask ? args.mask[rr * units + u] : uint8_t(0xff);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < NB; ++i) {
+        const int64_t rr = r0 + int64_t(i0 + i) * by;
+        if (rr < rows) {
+          T gr[kUnit], xr[kUnit], dxv[kUnit], dzv[kUnit];
+          unpack(gv[i], gr);
+          unpack(xv[i], xr);
+          backward_unit(gr, xr, bits[i], k, q, r, mean, f, dxv, dzv);
+          if (f.grad_input) store8(args.grad_input + rr * C + c0, dxv);
+          if (f.grad_residual) store8(args.grad_residual + rr * C + c0, dzv);
+        }
+      }
+    }
+  }
+}
+
+// Whether a single launch can run now: TORCHEXT_BATCH_NORM_SINGLE is not "0" (the tests' way to compare
+// it with the two launches), the stream is not capturing (graphs get the two launches), the device takes cooperative
+// launches, and the grid fits on it at once with `smem` bytes of dynamic shared memory a block (Kernel's occupancy,
+// cached for the first device asked).
+template <auto Kernel>
+bool single_launch_fits(int64_t blocks, int smem, cudaStream_t stream) {
+  const char* env = std::getenv("TORCHEXT_BATCH_NORM_SINGLE");
+  if (env != nullptr && env[0] == '0') return false;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (status != cudaStreamCaptureStatusNone) return false;
+  int device = 0, coop = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device) != cudaSuccess ||
+      (smem > 0 && prepare_kernel<Kernel>(smem) != cudaSuccess)) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  static const int per_sm = [smem] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, kThreads, smem) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return n;
+  }();
+  return coop != 0 && blocks <= int64_t(per_sm) * sm_count();
+}
+
+template <typename T, typename P>
+bool fused_forward_applies(BatchNormKernel kernel, const BatchNormForwardArgs<T, P>& a) {
+  return kernel == BatchNormKernel::fused && a.shape.b == 1 && a.training && a.sum == nullptr &&
+         fused_plan_ok(fused_plan<T>(a.shape.a, a.shape.c));
+}
+
+template <typename T, typename P>
+bool fused_backward_applies(BatchNormKernel kernel, const BatchNormBackwardArgs<T, P>& a) {
+  return kernel == BatchNormKernel::fused && a.shape.b == 1 && fused_plan_ok(fused_plan<T>(a.shape.a, a.shape.c));
+}
+
+// Counters zeroed, then the single launch where it fits, else reduce and apply (the same bits).
+template <typename T, typename P>
+cudaError_t fused_forward(const BatchNormForwardArgs<T, P>& args, void* workspace, cudaStream_t stream) {
+  using A = acc_t<T>;
+  const FusedPlan plan = fused_plan<T>(args.shape.a, args.shape.c);
+  FusedForwardParams<T, P> fp{args, plan, split_fused_workspace<A>(workspace, plan)};
+  cudaError_t err = cudaMemsetAsync(fp.ws.counters, 0, fused_part_bytes<A>(plan, 3), stream);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(plan.chunks), static_cast<unsigned>(plan.col_blocks)), block(plan.bx, plan.by);
+  constexpr auto single = batch_norm_fused_forward_kernel<T, P, FusedMode::single>;
+  if (single_launch_fits<single>(plan.chunks * plan.col_blocks, kHeldBytes<T>, stream)) {
+    void* params[] = {&fp};
+    err =
+        cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(single), grid, block, params, kHeldBytes<T>, stream);
+    if (err == cudaSuccess) return cudaSuccess;
+    (void)cudaGetLastError();  // not launched (e.g. fewer multiprocessors under MPS): the two launches, same bits
+  }
+  batch_norm_fused_forward_kernel<T, P, FusedMode::reduce><<<grid, block, 0, stream>>>(fp);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  batch_norm_fused_forward_kernel<T, P, FusedMode::apply><<<grid, block, 0, stream>>>(fp);
+  return cudaGetLastError();
+}
+
+template <typename T, typename P>
+cudaError_t fused_backward(const BatchNormBackwardArgs<T, P>& args, void* workspace, cudaStream_t stream) {
+  using A = acc_t<T>;
+  const FusedPlan plan = fused_plan<T>(args.shape.a, args.shape.c);
+  FusedBackwardParams<T, P> fp{args, plan, split_fused_workspace<A>(workspace, plan)};
+  cudaError_t err = cudaMemsetAsync(fp.ws.counters, 0, fused_part_bytes<A>(plan, 3), stream);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(plan.chunks), static_cast<unsigned>(plan.col_blocks)), block(plan.bx, plan.by);
+  const bool apply = args.grad_input != nullptr || args.grad_residual != nullptr;
+  constexpr auto single = batch_norm_fused_backward_kernel<T, P, FusedMode::single>;
+  if (apply && single_launch_fits<single>(plan.chunks * plan.col_blocks, 0, stream)) {
+    void* params[] = {&fp};
+    if (cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(single), grid, block, params, 0, stream) ==
+        cudaSuccess) {
+      return cudaSuccess;
+    }
+    (void)cudaGetLastError();
+  }
+  batch_norm_fused_backward_kernel<T, P, FusedMode::reduce><<<grid, block, 0, stream>>>(fp);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || !apply) return err;
+  batch_norm_fused_backward_kernel<T, P, FusedMode::apply><<<grid, block, 0, stream>>>(fp);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 // --- the launcher ----------------------------------------------------------------------------------------------------
@@ -763,6 +1332,7 @@ bool batch_norm_forward_supported(BatchNormKernel kernel, const BatchNormForward
     case BatchNormKernel::simple:
       return true;
     case BatchNormKernel::vectorized:
+    case BatchNormKernel::fused:  // vectorized's arguments; the fused kernels take the rows x C ones
       if (!vectorized_shape_ok<T>(args.shape, why)) return false;
       if (!aligned16(args.x) || !aligned16(args.y) || !aligned16(args.residual)) {
         if (why != nullptr) *why = "needs 16-byte aligned input, residual and output";
@@ -781,6 +1351,7 @@ bool batch_norm_backward_supported(BatchNormKernel kernel, const BatchNormBackwa
     case BatchNormKernel::simple:
       return true;
     case BatchNormKernel::vectorized:
+    case BatchNormKernel::fused:
       if (!vectorized_shape_ok<T>(args.shape, why)) return false;
       if (!aligned16(args.grad_out) || !aligned16(args.x) || !aligned16(args.grad_input) ||
           !aligned16(args.grad_residual)) {
@@ -796,18 +1367,19 @@ bool batch_norm_backward_supported(BatchNormKernel kernel, const BatchNormBackwa
 
 template <typename T, typename P>
 BatchNormKernel batch_norm_forward_default_kernel(const BatchNormForwardArgs<T, P>& args) {
-  return batch_norm_forward_supported(BatchNormKernel::vectorized, args) ? BatchNormKernel::vectorized
-                                                                         : BatchNormKernel::simple;
+  return batch_norm_forward_supported(BatchNormKernel::fused, args) ? BatchNormKernel::fused : BatchNormKernel::simple;
 }
 
 template <typename T, typename P>
 BatchNormKernel batch_norm_backward_default_kernel(const BatchNormBackwardArgs<T, P>& args) {
-  return batch_norm_backward_supported(BatchNormKernel::vectorized, args) ? BatchNormKernel::vectorized
-                                                                          : BatchNormKernel::simple;
+  return batch_norm_backward_supported(BatchNormKernel::fused, args) ? BatchNormKernel::fused : BatchNormKernel::simple;
 }
 
 template <typename T, typename P>
 size_t batch_norm_forward_workspace_bytes(BatchNormKernel kernel, const BatchNormForwardArgs<T, P>& args) {
+  if (fused_forward_applies(kernel, args)) {
+    return fused_workspace_bytes<acc_t<T>>(fused_plan<T>(args.shape.a, args.shape.c));
+  }
   const bool stats_pass = args.training && args.sum == nullptr;
   const int64_t chunks = stats_pass ? reduce_chunks(path_of(kernel, args.shape), args.shape) : 0;
   return workspace_bytes<acc_t<T>>(chunks, args.shape.c, 3);
@@ -815,6 +1387,9 @@ size_t batch_norm_forward_workspace_bytes(BatchNormKernel kernel, const BatchNor
 
 template <typename T, typename P>
 size_t batch_norm_backward_workspace_bytes(BatchNormKernel kernel, const BatchNormBackwardArgs<T, P>& args) {
+  if (fused_backward_applies(kernel, args)) {
+    return fused_workspace_bytes<acc_t<T>>(fused_plan<T>(args.shape.a, args.shape.c));
+  }
   const bool sums =
       args.grad_weight != nullptr || args.grad_bias != nullptr || (args.training && args.grad_input != nullptr);
   const int64_t chunks = sums ? reduce_chunks(path_of(kernel, args.shape), args.shape) : 0;
@@ -829,6 +1404,7 @@ cudaError_t batch_norm_forward(BatchNormKernel kernel, const BatchNormForwardArg
   const BatchNormShape& s = args.shape;
   if (s.c == 0) return cudaSuccess;
   if (workspace == nullptr) return cudaErrorInvalidValue;
+  if (fused_forward_applies(kernel, args)) return fused_forward(args, workspace, stream);
   const Path path = path_of(kernel, s);
   const bool stats_pass = args.training && args.sum == nullptr;
   const int64_t chunks = stats_pass ? reduce_chunks(path, s) : 0;
@@ -867,6 +1443,7 @@ cudaError_t batch_norm_backward(BatchNormKernel kernel, const BatchNormBackwardA
   const BatchNormShape& s = args.shape;
   if (s.c == 0) return cudaSuccess;
   if (workspace == nullptr) return cudaErrorInvalidValue;
+  if (fused_backward_applies(kernel, args)) return fused_backward(args, workspace, stream);
   const Path path = path_of(kernel, s);
   const bool sums =
       args.grad_weight != nullptr || args.grad_bias != nullptr || (args.training && args.grad_input != nullptr);

@@ -21,7 +21,7 @@ template <typename T, typename P>
 using BatchNormBackwardArgs = BatchNormBackwardArgsT<T, P, acc_t<T>>;
 
 // Whether `kernel` can run these arguments; `why`, when given, receives a short reason on false. 'simple' runs
-// everything; 'vectorized' needs C % 8 == 0 (rows x C) or B % 8 == 0 (planes) and 16-byte aligned tensors.
+// everything; 'vectorized' and 'fused' need C % 8 == 0 (rows x C) or B % 8 == 0 (planes) and 16-byte aligned tensors.
 template <typename T, typename P>
 bool batch_norm_forward_supported(BatchNormKernel kernel, const BatchNormForwardArgs<T, P>& args,
                                   const char** why = nullptr);

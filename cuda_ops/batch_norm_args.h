@@ -25,10 +25,12 @@ enum class BatchNormKernel : int {
                // passes, scalar loads: any (A, C, B), any alignment
   vectorized,  // 16-byte loads and stores: rows x C tiles (C % 8 == 0) or planes (B % 8 == 0), per-thread channel
                // parameters in registers, elementwise passes in reverse order (the last data read is still in L2)
+  fused,       // vectorized's arguments; on rows x C, the finalize folded into the reductions (the last block adds
+               // the partials in a fixed order) and each direction as one launch when its grid fits on the GPU
   count
 };
 
-inline constexpr const char* kBatchNormKernelNames[] = {"simple", "vectorized"};
+inline constexpr const char* kBatchNormKernelNames[] = {"simple", "vectorized", "fused"};
 static_assert(sizeof(kBatchNormKernelNames) / sizeof(kBatchNormKernelNames[0]) ==
               static_cast<int>(BatchNormKernel::count));
 

@@ -1,10 +1,12 @@
 """Every version of the CUDA batch-norm ladder (cuda_ops/batch_norm.cu) on the GPU: batch_norm, batch_norm_relu and
 batch_norm_add_relu forward (training and eval: output, mask bits, save_mean / save_invstd, running statistics) and
 batch_norm_backward (grad_input, grad_weight, grad_bias, grad_residual), against float64 references, in four dtypes,
-NCHW and channels-last, on shapes that take each kernel path: C % 8 == 0 (the vectorized rows x C tiles), H W % 8 == 0
-(vectorized planes), neither (simple only), many reduction chunks, a 2-D input. Outputs start poisoned (NaN), results
-must be the same bits on a second run, strides follow csrc/batch_norm.h's layout rule, and a named variant that cannot
-run the arguments must say so with a ValueError ('does not support'); variant=None always works."""
+NCHW and channels-last, on shapes that take each kernel path: C % 8 == 0 (the vectorized and fused rows x C tiles), H W
+% 8 == 0 (vectorized planes), neither (simple only), many reduction chunks (and fused's groups of chunks), two column
+blocks, a 2-D input, two rows. The fused rung's forward runs as one launch where its grid fits on the GPU and as two
+launches otherwise (TORCHEXT_BATCH_NORM_SINGLE=0 forces them): both must give the same bits. Outputs start poisoned
+(NaN), results must be the same bits on a second run, strides follow csrc/batch_norm.h's layout rule, and a named
+variant that cannot run the arguments must say so with a ValueError ('does not support'); variant=None always works."""
 
 import pytest
 import torch
@@ -15,7 +17,7 @@ import torchext  # noqa: F401  (registers the ops)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
 
-VARIANTS = (None, "simple", "vectorized")
+VARIANTS = (None, "simple", "vectorized", "fused")
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 LAYOUTS = ("nchw", "nhwc")
 KINDS = ("plain", "relu", "add_relu")
@@ -26,6 +28,9 @@ SHAPES = [
     (64, 32, 16, 16),  # 16384 rows: many reduction chunks
     (4, 24, 1, 1),  # H = W = 1
     (37, 24),  # 2-D
+    (32, 8, 64, 72),  # 147456 rows of 8 channels: fused's chunk groups (2 groups in bf16, 3 in float32, 9 in float64)
+    (6, 264, 5, 5),  # C = 264: two column blocks in the rows x C kernels, the second with one 8-channel unit
+    (2, 16, 1, 1),  # two rows
 ]
 
 ops = torch.ops.torchext
@@ -62,8 +67,9 @@ def _call(fn, variant, what):
 
 
 def _must_support(variant, shape, layout):
-    """'vectorized' runs rows x C (channels-last, 2-D, or H W = 1) with C % 8 == 0 and planes with H W % 8 == 0."""
-    if variant != "vectorized":
+    """'vectorized' and 'fused' run rows x C (channels-last, 2-D, or H W = 1) with C % 8 == 0 and planes with
+    H W % 8 == 0."""
+    if variant not in ("vectorized", "fused"):
         return True
     c, spatial = shape[1], 1
     for s in shape[2:]:
@@ -242,3 +248,58 @@ def test_batch_norm_variant_names():
         ops.batch_norm(x, None, None, None, None, True, 0.1, 1e-5, None, None, "persistent_v9")
     with pytest.raises(ValueError, match="does not support"):
         ops.batch_norm(x, None, None, None, None, True, 0.1, 1e-5, None, None, "vectorized")
+
+
+def _fused_blocks(shape, dtype):
+    """The fused rung's grid for a channels-last shape (cuda_ops/batch_norm.cu's fused_plan): 256-thread blocks of bx
+    8-channel units by by rows, R rows a thread (256 bytes of a unit; 2 rows for float64)."""
+    c = shape[1]
+    rows, units = torch.Size(shape).numel() // c, c // 8
+    bx = 1
+    while bx < units and bx < 32:
+        bx *= 2
+    by, rows_per_thread = 256 // bx, {2: 16, 4: 8, 8: 2}[torch.empty(0, dtype=dtype).element_size()]
+    return -(-rows // (by * rows_per_thread)) * -(-units // bx)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
+def test_batch_norm_fused_single_launch_matches_two(dtype, monkeypatch):
+    """The fused rung as one cooperative launch per direction (the forward holds x in shared memory between the
+    statistics and the normalize; the backward reads its tile again) and as two launches per direction
+    (TORCHEXT_BATCH_NORM_SINGLE=0) runs the same plan in the same order: the same bits. The profiler shows which ran:
+    two fused kernels per direction when forced, one where the grid fits one block per multiprocessor (the kernels
+    fit two)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    for shape in ((64, 32, 16, 16), (32, 8, 64, 72), (6, 264, 5, 5)):
+        x, r, g, w, b, rm, rv = _make(shape, dtype, "nhwc", seed=11)
+        saved = None
+        runs = {}
+        for single in ("1", "0"):
+            monkeypatch.setenv("TORCHEXT_BATCH_NORM_SINGLE", single)
+            rm1, rv1 = rm.clone(), rv.clone()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fwd = ops.batch_norm_add_relu(x, r, w, b, rm1, rv1, True, 0.1, 1e-5, None, None, "fused")
+                if saved is None:  # the backward of both runs gets the same inputs
+                    saved = fwd
+                _, mask, save_mean, save_invstd = saved
+                bwd = ops.batch_norm_backward(
+                    g, x, w, save_mean, save_invstd, mask, True, 1e-5, [True, True, True, True], "fused"
+                )
+                torch.cuda.synchronize()
+            launches = {
+                d: sum(e.count for e in prof.key_averages() if f"batch_norm_fused_{d}_kernel" in e.key)
+                for d in ("forward", "backward")
+            }
+            runs[single] = (tuple(fwd) + (rm1, rv1) + tuple(bwd), launches)
+        tag = f"{_name(dtype)}-{shape}"
+        for d in ("forward", "backward"):
+            forced, free = runs["0"][1][d], runs["1"][1][d]
+            assert forced == 2, f"[{tag}] TORCHEXT_BATCH_NORM_SINGLE=0: {forced} fused {d} launches, not 2"
+            if _fused_blocks(shape, dtype) <= sms:
+                assert free == 1, f"[{tag}] {free} fused {d} launches where one fits, not 1"
+        names = ("out", "mask", "save_mean", "save_invstd", "running_mean", "running_var")
+        names += ("grad_input", "grad_weight", "grad_bias", "grad_residual")
+        for name, one, two in zip(names, runs["1"][0], runs["0"][0], strict=True):
+            assert torch.equal(one, two), f"[{tag} {name}] one launch vs two: bits differ"

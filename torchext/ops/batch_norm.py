@@ -37,7 +37,7 @@ __all__ = ["batch_norm", "batch_norm_relu", "batch_norm_add_relu", "BATCH_NORM_K
 _ops = torch.ops.torchext
 
 # The CUDA ladder, slowest first (cuda_ops/batch_norm_args.h); CPU tensors run "cpu".
-BATCH_NORM_KERNELS = ("simple", "vectorized")
+BATCH_NORM_KERNELS = ("simple", "vectorized", "fused")
 
 
 def _check_tensors(op: str, input, residual, **optional) -> None:

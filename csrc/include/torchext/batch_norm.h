@@ -21,7 +21,7 @@
 namespace torchext {
 
 // The CUDA ladder, slowest first (cuda_ops/batch_norm_args.h); CPU tensors run "cpu".
-inline constexpr const char* kBatchNormKernels[] = {"simple", "vectorized"};
+inline constexpr const char* kBatchNormKernels[] = {"simple", "vectorized", "fused"};
 
 // `kernel` names one version of the CUDA ladder (kBatchNormKernels; "cpu" on the CPU; the schema calls it
 // `variant`); nullopt picks the fastest that supports the arguments.
