@@ -18,8 +18,10 @@
 # pooling runs benchmarks/bench_pooling.py (ResNet-18's pools against torch, bf16 channels-last and fp32 NCHW, ~20 s).
 # loop runs benchmarks/bench_loop.py: torchext-compare's training loop against a bare loop of the same step, both
 # models, stock and torchext (~1 min on an H100; LOOP_ARGS e.g. "--models resnet18_cifar --rounds 3").
-# compare runs the CIFAR-10 comparisons named in COMPARE_RUNS (default: all of the table below; about 15 min on an
-# H100, so name a few per call where calls are limited to 10 min); ddp the ResNet-18 recipe under
+# compare runs the CIFAR-10 comparisons named in COMPARE_RUNS (default: the first five of the table below; about 15
+# min on an H100, so name a few per call where calls are limited to 10 min). The *_full runs swap every layer
+# (--swap-conv: torchext's convolutions too; BatchNorm, pools, activations, Linear and the loss are swapped by default).
+# ddp the ResNet-18 recipe under
 # torchrun --nproc_per_node=2 (2 GPUs). Each run is written to /tmp/torchext-compare/<run>/ (results, plots and its
 # console log) and packed into $OUT/cifar10-<run>.tar.gz: one file per run comes back. COMPARE_DATA: the CIFAR-10
 # source (default .data/cifar10-train-jpg.tar.gz).
@@ -145,6 +147,10 @@ if has compare; then
       resnet18_cifar_b512) compare_run "$run" 300 --model resnet18_cifar ;;
       resnet18_cifar_b128) compare_run "$run" 590 --model resnet18_cifar --batch-size 128 ;;
       cnn_cifar) compare_run "$run" 480 --model cnn_cifar ;;
+      # Every layer torchext's (issue 19): eager, and cnn_cifar under CUDA graphs; 3 seeds each.
+      resnet18_cifar_b512_full) compare_run "$run" 590 --model resnet18_cifar --swap-conv ;;
+      cnn_cifar_full) compare_run "$run" 590 --model cnn_cifar --swap-conv ;;
+      cnn_cifar_full_graphs) compare_run "$run" 590 --model cnn_cifar --swap-conv --cuda-graphs ;;
       # Peak memory on torchext's pool: one seed, a few epochs (the peaks are reached in every epoch).
       resnet18_cifar_b512_pool) compare_run "$run" 200 --model resnet18_cifar --allocator pool --seeds 0 --epochs 4 ;;
       cnn_cifar_pool) compare_run "$run" 200 --model cnn_cifar --allocator pool --seeds 0 --epochs 4 ;;
