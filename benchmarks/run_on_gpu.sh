@@ -21,8 +21,9 @@
 # compare runs the CIFAR-10 comparisons named in COMPARE_RUNS (default: the first five of the table below; about 15
 # min on an H100, so name a few per call where calls are limited to 10 min). The *_full runs swap every layer
 # (--swap-conv: torchext's convolutions too; BatchNorm, pools, activations, Linear and the loss are swapped by default).
-# ddp the ResNet-18 recipe under
-# torchrun --nproc_per_node=2 (2 GPUs). Each run is written to /tmp/torchext-compare/<run>/ (results, plots and its
+# ddp runs the 2-GPU NCCL tests (tests/test_compare.py, tests/test_ddp.py: DDP on a fully swapped small ResNet and
+# SyncBatchNorm, against stock), then the runs named in DDP_RUNS under torchrun --nproc_per_node=2 (default
+# resnet18_cifar_b512_ddp2_full: every layer swapped; resnet18_cifar_b512_ddp2: the default recipe). Each run is written to /tmp/torchext-compare/<run>/ (results, plots and its
 # console log) and packed into $OUT/cifar10-<run>.tar.gz: one file per run comes back. COMPARE_DATA: the CIFAR-10
 # source (default .data/cifar10-train-jpg.tar.gz).
 # cpp (after build; `build cpp` is one call of about 8 minutes on an H100 with 16 cores) is torchext from C++
@@ -170,11 +171,18 @@ if has compare; then
   done
 fi
 if has ddp; then
-  echo "== the 2-GPU NCCL test"
-  python -m pytest tests/test_compare.py -q -p no:cacheprovider -k nccl -rs > "$OUT/ddp_test.log" 2>&1 || status=1
+  echo "== the 2-GPU NCCL tests"
+  python -m pytest tests/test_compare.py tests/test_ddp.py -q -p no:cacheprovider -k nccl -rs > "$OUT/ddp_test.log" 2>&1 \
+    || status=1
   tail -3 "$OUT/ddp_test.log"
   COMPARE_LAUNCH=(torchrun --standalone --nproc_per_node=2 -m torchext.compare)
-  compare_run resnet18_cifar_b512_ddp2 400 --model resnet18_cifar
+  for run in ${DDP_RUNS:-resnet18_cifar_b512_ddp2_full}; do
+    case $run in
+      resnet18_cifar_b512_ddp2) compare_run "$run" 400 --model resnet18_cifar ;;
+      resnet18_cifar_b512_ddp2_full) compare_run "$run" 500 --model resnet18_cifar --swap-conv ;;
+      *) echo "unknown DDP run $run"; status=1 ;;
+    esac
+  done
 fi
 if has notebooks; then
   echo "== notebooks"
