@@ -5,8 +5,8 @@
 # (TORCHEXT_HYPOTHESIS_PROFILE=gpu unless set).
 #
 #   OUT=out bash benchmarks/run_on_gpu.sh [build] [test] [memcheck] [racecheck] [synccheck] [bench] [matmul] [memory]
-#                                         [host] [conv2d] [batch_norm] [pooling] [loop] [compare] [ddp] [notebooks]
-#                                         [cpp]
+#                                         [host] [conv2d] [batch_norm] [pooling] [loop] [resnet18_imagenet] [compare]
+#                                         [ddp] [notebooks] [cpp]
 #   (default: the first four)
 # ONLY_TESTS (e.g. "tests/test_matmul.py tests/test_conv2d.py") narrows the test stage to those files, GPU tests only.
 #
@@ -18,6 +18,10 @@
 # pooling runs benchmarks/bench_pooling.py (ResNet-18's pools against torch, bf16 channels-last and fp32 NCHW, ~20 s).
 # loop runs benchmarks/bench_loop.py: torchext-compare's training loop against a bare loop of the same step, both
 # models, stock and torchext (~1 min on an H100; LOOP_ARGS e.g. "--models resnet18_cifar --rounds 3").
+# resnet18_imagenet runs benchmarks/bench_resnet18_imagenet.py: torchvision's ResNet-18 at 224x224, batch 128, bf16,
+# channels-last, synthetic data on the GPU, 50 steps x 5 alternated rounds per provider: stock, every layer torchext's
+# (swap_modules, torch.fx fusions) and stock under torch.compile (~2-3 min, most of it compiling; RESNET18_IMAGENET_ARGS
+# e.g. --no-compile or "--rounds 3").
 # compare runs the CIFAR-10 comparisons named in COMPARE_RUNS (default: the first five of the table below; about 15
 # min on an H100, so name a few per call where calls are limited to 10 min). The *_full runs swap every layer
 # (--swap-conv: torchext's convolutions too; BatchNorm, pools, activations, Linear and the loss are swapped by default).
@@ -128,6 +132,9 @@ has batch_norm && bench_stage "batch norm against eager and torch.compile" bench
 # shellcheck disable=SC2086
 has pooling && bench_stage "pooling against torch" bench_pooling.py pooling_gpu ${POOLING_ARGS:-}
 has loop && bench_stage "training loop against a bare loop" bench_loop.py loop_gpu --device cuda ${LOOP_ARGS:-}
+# shellcheck disable=SC2086
+has resnet18_imagenet && bench_stage "torchvision ResNet-18 at 224x224: stock, torchext, stock torch.compile" \
+  bench_resnet18_imagenet.py resnet18_imagenet_gpu ${RESNET18_IMAGENET_ARGS:-}
 # compare_run NAME LIMIT_S [torchext-compare args...]
 compare_run() {
   local name=$1 limit=$2
