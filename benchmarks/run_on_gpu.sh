@@ -5,8 +5,8 @@
 # (TORCHEXT_HYPOTHESIS_PROFILE=gpu unless set).
 #
 #   OUT=out bash benchmarks/run_on_gpu.sh [build] [test] [memcheck] [racecheck] [synccheck] [bench] [matmul] [memory]
-#                                         [host] [conv2d] [batch_norm] [pooling] [loop] [compare] [ddp] [notebooks]
-#                                         [cpp]
+#                                         [host] [conv2d] [batch_norm] [pooling] [loop] [resnet18_imagenet] [compare]
+#                                         [ddp] [notebooks] [cpp]
 #   (default: the first four)
 # ONLY_TESTS (e.g. "tests/test_matmul.py tests/test_conv2d.py") narrows the test stage to those files, GPU tests only.
 #
@@ -18,9 +18,16 @@
 # pooling runs benchmarks/bench_pooling.py (ResNet-18's pools against torch, bf16 channels-last and fp32 NCHW, ~20 s).
 # loop runs benchmarks/bench_loop.py: torchext-compare's training loop against a bare loop of the same step, both
 # models, stock and torchext (~1 min on an H100; LOOP_ARGS e.g. "--models resnet18_cifar --rounds 3").
-# compare runs the CIFAR-10 comparisons named in COMPARE_RUNS (default: all of the table below; about 15 min on an
-# H100, so name a few per call where calls are limited to 10 min); ddp the ResNet-18 recipe under
-# torchrun --nproc_per_node=2 (2 GPUs). Each run is written to /tmp/torchext-compare/<run>/ (results, plots and its
+# resnet18_imagenet runs benchmarks/bench_resnet18_imagenet.py: torchvision's ResNet-18 at 224x224, batch 128, bf16,
+# channels-last, synthetic data on the GPU, 50 steps x 5 alternated rounds per provider: stock, every layer torchext's
+# (swap_modules, torch.fx fusions) and stock under torch.compile (~2-3 min, most of it compiling; RESNET18_IMAGENET_ARGS
+# e.g. --no-compile or "--rounds 3").
+# compare runs the CIFAR-10 comparisons named in COMPARE_RUNS (default: the first five of the table below; about 15
+# min on an H100, so name a few per call where calls are limited to 10 min). The *_full runs swap every layer
+# (--swap-conv: torchext's convolutions too; BatchNorm, pools, activations, Linear and the loss are swapped by default).
+# ddp runs the 2-GPU NCCL tests (tests/test_compare.py, tests/test_ddp.py: DDP on a fully swapped small ResNet and
+# SyncBatchNorm, against stock), then the runs named in DDP_RUNS under torchrun --nproc_per_node=2 (default
+# resnet18_cifar_b512_ddp2_full: every layer swapped; resnet18_cifar_b512_ddp2: the default recipe). Each run is written to /tmp/torchext-compare/<run>/ (results, plots and its
 # console log) and packed into $OUT/cifar10-<run>.tar.gz: one file per run comes back. COMPARE_DATA: the CIFAR-10
 # source (default .data/cifar10-train-jpg.tar.gz).
 # cpp (after build; `build cpp` is one call of about 8 minutes on an H100 with 16 cores) is torchext from C++
@@ -125,6 +132,9 @@ has batch_norm && bench_stage "batch norm against eager and torch.compile" bench
 # shellcheck disable=SC2086
 has pooling && bench_stage "pooling against torch" bench_pooling.py pooling_gpu ${POOLING_ARGS:-}
 has loop && bench_stage "training loop against a bare loop" bench_loop.py loop_gpu --device cuda ${LOOP_ARGS:-}
+# shellcheck disable=SC2086
+has resnet18_imagenet && bench_stage "torchvision ResNet-18 at 224x224: stock, torchext, stock torch.compile" \
+  bench_resnet18_imagenet.py resnet18_imagenet_gpu ${RESNET18_IMAGENET_ARGS:-}
 # compare_run NAME LIMIT_S [torchext-compare args...]
 compare_run() {
   local name=$1 limit=$2
@@ -145,6 +155,10 @@ if has compare; then
       resnet18_cifar_b512) compare_run "$run" 300 --model resnet18_cifar ;;
       resnet18_cifar_b128) compare_run "$run" 590 --model resnet18_cifar --batch-size 128 ;;
       cnn_cifar) compare_run "$run" 480 --model cnn_cifar ;;
+      # Every layer torchext's (issue 19): eager, and cnn_cifar under CUDA graphs; 3 seeds each.
+      resnet18_cifar_b512_full) compare_run "$run" 590 --model resnet18_cifar --swap-conv ;;
+      cnn_cifar_full) compare_run "$run" 590 --model cnn_cifar --swap-conv ;;
+      cnn_cifar_full_graphs) compare_run "$run" 590 --model cnn_cifar --swap-conv --cuda-graphs ;;
       # Peak memory on torchext's pool: one seed, a few epochs (the peaks are reached in every epoch).
       resnet18_cifar_b512_pool) compare_run "$run" 200 --model resnet18_cifar --allocator pool --seeds 0 --epochs 4 ;;
       cnn_cifar_pool) compare_run "$run" 200 --model cnn_cifar --allocator pool --seeds 0 --epochs 4 ;;
@@ -164,11 +178,18 @@ if has compare; then
   done
 fi
 if has ddp; then
-  echo "== the 2-GPU NCCL test"
-  python -m pytest tests/test_compare.py -q -p no:cacheprovider -k nccl -rs > "$OUT/ddp_test.log" 2>&1 || status=1
+  echo "== the 2-GPU NCCL tests"
+  python -m pytest tests/test_compare.py tests/test_ddp.py -q -p no:cacheprovider -k nccl -rs > "$OUT/ddp_test.log" 2>&1 \
+    || status=1
   tail -3 "$OUT/ddp_test.log"
   COMPARE_LAUNCH=(torchrun --standalone --nproc_per_node=2 -m torchext.compare)
-  compare_run resnet18_cifar_b512_ddp2 400 --model resnet18_cifar
+  for run in ${DDP_RUNS:-resnet18_cifar_b512_ddp2_full}; do
+    case $run in
+      resnet18_cifar_b512_ddp2) compare_run "$run" 400 --model resnet18_cifar ;;
+      resnet18_cifar_b512_ddp2_full) compare_run "$run" 500 --model resnet18_cifar --swap-conv ;;
+      *) echo "unknown DDP run $run"; status=1 ;;
+    esac
+  done
 fi
 if has notebooks; then
   echo "== notebooks"

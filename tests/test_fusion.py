@@ -225,3 +225,21 @@ def test_fuse_false_keeps_the_model_object():
     model = torchext.models.resnet18_cifar()
     report = torchext.swap_modules(model, fuse=False)
     assert report.model is model and not report.graph_fused
+
+
+def test_fused_model_guards_its_fused_layers_and_still_compiles():
+    """The fused GraphModule refuses to have a fused BatchNorm replaced by another kind of module (it would drop the
+    ReLU or the add: tests/test_ddp.py has nn.SyncBatchNorm.convert_sync_batchnorm), on the model, its fx-made
+    containers and its deep copies; the guard is invisible to torch.compile's tracing and to DataParallel."""
+    stock, report, shape, _ = _pair("resnet18_cifar")
+    fused = report.model
+    for model in (fused, copy.deepcopy(fused)):
+        with pytest.raises(TypeError, match="'bn1' is a fused BatchNormReLU2d"):
+            model.bn1 = nn.BatchNorm2d(64).double()
+        with pytest.raises(TypeError, match="'layer2.1.bn2' is a fused BatchNormAddReLU2d"):
+            model.get_submodule("layer2.1").add_module("bn2", nn.Identity())
+        model.get_submodule("layer2.1").relu2 = nn.ReLU()  # not a fused layer: no guard
+    x = torch.randn(shape, dtype=torch.float64)
+    torch._dynamo.reset()
+    compiled = torch.compile(fused, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), stock(x))

@@ -20,7 +20,13 @@ The result is a ``torch.fx.GraphModule`` holding the model's Parameters and buff
 model's parameters still trains it; ``state_dict`` keys and their order are the model's); ``model.eval()``, ``train()``,
 DataParallel / DDP wrapping, ``torch.compile`` and ``state_dict`` round trips work on it as on the model. A model that
 fx cannot trace (data-dependent control flow, hooks on the model itself) is returned unchanged, with the reason in the
-report: its modules are still swapped one by one."""
+report: its modules are still swapped one by one.
+
+A fused BatchNorm module computes more than its class's name says (the ReLU, and the add, left the graph), so the
+GraphModule refuses to have one replaced by a module of another kind: ``nn.SyncBatchNorm.convert_sync_batchnorm``,
+which swaps every BatchNorm for a plain SyncBatchNorm, raises a ``TypeError`` naming the fused layer instead of
+silently dropping its ReLU (convert the stock model before ``swap_modules``, or swap with ``fuse=False``). The guard is
+on the GraphModule and on the containers fx made for it; it survives ``copy.deepcopy``, not pickling."""
 
 from __future__ import annotations
 
@@ -115,6 +121,63 @@ def _fused_copy(bn: nn.Module, cls: type) -> nn.Module:
     return new
 
 
+_FUSED_CLASSES = (tnn.BatchNormReLU2d, tnn.BatchNormAddReLU2d)
+
+
+def _check_replacement(parent: nn.Module, name: str, module: object) -> None:
+    """Raises TypeError when ``parent``'s child ``name`` is a fused BatchNorm and ``module`` is not of its class."""
+    old = parent.__dict__.get("_modules", {}).get(name)
+    if isinstance(old, _FUSED_CLASSES) and not isinstance(module, type(old)):
+        what = "the ReLU" if isinstance(old, tnn.BatchNormReLU2d) else "the residual add and the ReLU"
+        name = parent.__dict__.get("_fused_prefix", "") + name
+        raise TypeError(
+            f"torchext: {name!r} is a fused {type(old).__name__} (BatchNorm with {what} folded in by swap_modules' "
+            f"torch.fx fusion); replacing it with a {type(module).__name__} would drop {what}. To use "
+            "nn.SyncBatchNorm, convert the stock model before swap_modules (SyncBatchNorm layers are left stock), or "
+            "swap with fuse=False. A conversion interrupted by this error has left the model partly converted."
+        )
+
+
+class _GuardsFusedChildren:
+    """Mixin of the fused GraphModule and its fx-made containers: add_module / setattr of a child that is a fused
+    BatchNorm must keep a module of its class (``_check_replacement``)."""
+
+    def add_module(self, name: str, module: nn.Module | None) -> None:
+        _check_replacement(self, name, module)
+        super().add_module(name, module)
+
+    def __setattr__(self, name: str, value) -> None:
+        if isinstance(value, nn.Module) or value is None:
+            _check_replacement(self, name, value)
+        super().__setattr__(name, value)
+
+
+class _FusedContainer(_GuardsFusedChildren, nn.Module):
+    """The plain nn.Module fx makes for a path (``layer1``, ``layer1.0``) of a fused GraphModule, guarded."""
+
+
+class _FusedGraphModule(_GuardsFusedChildren, fx.GraphModule):
+    """The GraphModule fuse_batch_norm returns: guarded, and its deep copies guarded again (fx rebuilds the
+    containers of a copy as plain modules)."""
+
+    def __deepcopy__(self, memo):
+        res = super().__deepcopy__(memo)
+        _guard_fused_parents(res)
+        return res
+
+
+def _guard_fused_parents(gm: fx.GraphModule) -> None:
+    """Makes the fx-made parent of every fused BatchNorm a _FusedContainer that knows its path (for the message)."""
+    for name, module in gm.named_modules():
+        if isinstance(module, _FUSED_CLASSES) and "." in name:
+            parent_name = name.rpartition(".")[0]
+            parent = gm.get_submodule(parent_name)
+            if type(parent) is nn.Module:
+                parent.__class__ = _FusedContainer
+            if isinstance(parent, _FusedContainer):
+                parent.__dict__["_fused_prefix"] = parent_name + "."
+
+
 def _set_submodule(gm: fx.GraphModule, target: str, module: nn.Module) -> None:
     parent_name, _, name = target.rpartition(".")
     parent = gm.get_submodule(parent_name) if parent_name else gm
@@ -167,7 +230,7 @@ def fuse_batch_norm(model: nn.Module, report) -> nn.Module:
             "modules swapped one by one"
         )
         return model
-    gm = fx.GraphModule(model, graph, class_name=type(model).__name__)
+    gm = _FusedGraphModule(model, graph, class_name=type(model).__name__)
     calls: dict[str, int] = {}
     for node in gm.graph.nodes:
         if node.op == "call_module":
@@ -226,6 +289,7 @@ def fuse_batch_norm(model: nn.Module, report) -> nn.Module:
         report.graph_note = "traced with torch.fx: no BatchNorm pattern to fuse"
         return model
     _restore_module_tree(gm, model)
+    _guard_fused_parents(gm)
     gm.graph.lint()
     gm.recompile()
     gm.train(model.training)

@@ -24,6 +24,13 @@ With ``pooling=True`` (the default) every ``nn.MaxPool2d``, ``nn.AvgPool2d`` and
 swapped too; one whose arguments torchext's kernels refuse (padding over half the kernel, a zero stride or
 divisor_override: torch raises at its forward as well) is left stock, with the reason in the report.
 
+``nn.SyncBatchNorm`` is left stock, with a line in the report: its statistics (and in the backward its gradient
+sums) are reduced across ranks, which torchext's batch_norm does not do, and it is not fused with its ReLU or add. To
+train with SyncBatchNorm, convert the stock model first (``nn.SyncBatchNorm.convert_sync_batchnorm(model)``), then
+swap: the other layers become torchext's. Converting after the swap works on a model swapped with ``fuse=False`` (its
+torchext BatchNorm2d layers become stock SyncBatchNorms); on a fused model it raises a ``TypeError`` naming the first
+fused BatchNorm, since a SyncBatchNorm in its place would drop the ReLU or the residual add (torchext/fusion.py).
+
 Losses are not modules of a model: choose ``torchext.nn.CrossEntropyLoss`` (label smoothing supported) where the
 training loop builds its loss.
 """
@@ -70,6 +77,10 @@ _TRIVIAL = (nn.Identity, nn.Flatten, nn.Unflatten)
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
 
 NO_KERNEL = "no torchext kernel"
+SYNC_BATCH_NORM = (
+    "SyncBatchNorm: its statistics are reduced across ranks with torch.distributed, which torchext's batch_norm "
+    "does not do; left to torch"
+)
 
 
 def _fused_activation(module: nn.Module) -> str | None:
@@ -332,6 +343,8 @@ def swap_modules(
                 report.replaced.append(Replaced(name, class_name(cls), class_name(_ACTIVATIONS[cls])))
             else:
                 report.left_stock.append(LeftStock(name, class_name(cls), "activations=False"))
+        elif isinstance(module, nn.SyncBatchNorm):
+            report.left_stock.append(LeftStock(name, class_name(cls), SYNC_BATCH_NORM))
         elif cls in _POOLS:
             reason = _pool_not_supported(module) if pooling else "pooling=False"
             if reason is None:
