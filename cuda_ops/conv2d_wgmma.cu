@@ -39,8 +39,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "common.cuh"
@@ -61,10 +59,10 @@ constexpr int kThreads = 384;   // producer warpgroup + two consumer warpgroups
 constexpr int kConsumerWarps = 8;
 constexpr int kTileGroupM = 8;  // tile-rows walked together for L2 reuse
 
-template <int BN_, int STAGES = BN_ == 64 ? 5 : 4>
+template <int BN_>
 struct WgTile {
   static constexpr int BN = BN_;
-  static constexpr int kStages = STAGES;
+  static constexpr int kStages = BN == 64 ? 5 : 4;
   static constexpr int kLag = kStages - 2;  // see the producer
   static constexpr int kTileBytesA = kBM * kRowBytes;
   static constexpr int kTileBytesB = BN * kRowBytes;
@@ -177,10 +175,10 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 2, 256
 
 #endif  // TORCHEXT_WGMMA_DEVICE
 
-template <typename T, int BN, bool kRelu, bool kStats, int STAGES>
-__global__ void __launch_bounds__(kThreads, 1) conv2d_wgmma_fprop_kernel(const FpropParams<T> p, bool l1_gather) {
+template <typename T, int BN, bool kRelu, bool kStats>
+__global__ void __launch_bounds__(kThreads, 1) conv2d_wgmma_fprop_kernel(const FpropParams<T> p) {
 #if defined(TORCHEXT_WGMMA_DEVICE)
-  using Cfg = WgTile<BN, STAGES>;
+  using Cfg = WgTile<BN>;
   constexpr int kStages = Cfg::kStages, kLag = Cfg::kLag;
   extern __shared__ uint8_t smem_raw[];
   // 128-byte swizzling repeats every 1024 bytes and is computed from the address: stages start on 1024.
@@ -257,12 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv2d_wgmma_fprop_kernel(const F
           const uint64_t addr =
               ((static_cast<uint64_t>(static_cast<uint32_t>(e.y)) << 32) | static_cast<uint32_t>(e.x)) + tap_bytes;
           const T* src = ok ? reinterpret_cast<const T*>(addr) : p.g.x;
-          const uint32_t dst = sa + r * kRowBytes + ((c ^ (r & 7)) << 4);
-          if (l1_gather) {  // through L1: the taps of a k-loop read overlapping windows
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
-          } else {
-            mma_sync::cp_async16(dst, src, ok ? 16 : 0);
-          }
+          mma_sync::cp_async16(sa + r * kRowBytes + ((c ^ (r & 7)) << 4), src, ok ? 16 : 0);
         }
 #pragma unroll
         for (int i = 0; i < BN / 16; ++i) {
@@ -405,47 +398,17 @@ __global__ void __launch_bounds__(kThreads, 1) conv2d_wgmma_fprop_kernel(const F
 // ---------------------------------------------------------------------------------------------------------------
 // Host side
 
-// Experiment switch (unset: the defaults), read once: TORCHEXT_CONV_WGMMA_GATHER = "l1" gathers through L1
-// (cp.async.ca) with 3 stages and a shared-memory carveout that leaves L1 the rest; "l2s3" keeps cp.async.cg with 3
-// stages.
-int gather_mode() {
-  static const int mode = [] {
-    const char* v = std::getenv("TORCHEXT_CONV_WGMMA_GATHER");
-    if (v == nullptr) return 0;
-    if (std::strcmp(v, "l1") == 0) return 1;
-    if (std::strcmp(v, "l2s3") == 0) return 2;
-    return 0;
-  }();
-  return mode;
-}
-
-template <typename T, int BN, bool kRelu, bool kStats, int STAGES>
-cudaError_t launch_wgmma_fprop_s(FpropParams<T> p, bool l1, cudaStream_t stream) {
-  constexpr auto kernel = conv2d_wgmma_fprop_kernel<T, BN, kRelu, kStats, STAGES>;
-  constexpr int smem = WgTile<BN, STAGES>::kSmemBytes;
-  cudaError_t err = prepare_kernel<kernel>(smem);
+template <typename T, int BN, bool kRelu, bool kStats>
+cudaError_t launch_wgmma_fprop(FpropParams<T> p, cudaStream_t stream) {
+  constexpr auto kernel = conv2d_wgmma_fprop_kernel<T, BN, kRelu, kStats>;
+  cudaError_t err = prepare_kernel<kernel>(WgTile<BN>::kSmemBytes);
   if (err != cudaSuccess) return err;
-  if (l1) {  // the smallest carveout that holds the block's shared memory: the rest is L1
-    static const bool set =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             std::min(100, (smem * 100 + 228 * 1024 - 1) / (228 * 1024))) == cudaSuccess;
-    (void)set;
-  }
   p.tiles_m = ceil_div(p.m, kBM);
   p.tiles_n = ceil_div(p.n, BN);
   const int64_t tiles = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sm_count()));
-  kernel<<<grid, kThreads, smem, stream>>>(p, l1);
+  kernel<<<grid, kThreads, WgTile<BN>::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
-}
-
-template <typename T, int BN, bool kRelu, bool kStats>
-cudaError_t launch_wgmma_fprop(const FpropParams<T>& p, cudaStream_t stream) {
-  if constexpr (!kRelu && !kStats) {
-    const int mode = gather_mode();
-    if (mode != 0) return launch_wgmma_fprop_s<T, BN, false, false, 3>(p, mode == 1, stream);
-  }
-  return launch_wgmma_fprop_s<T, BN, kRelu, kStats, WgTile<BN>::kStages>(p, false, stream);
 }
 
 template <typename T, int BN>
