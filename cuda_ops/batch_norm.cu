@@ -1367,12 +1367,14 @@ bool batch_norm_backward_supported(BatchNormKernel kernel, const BatchNormBackwa
 
 template <typename T, typename P>
 BatchNormKernel batch_norm_forward_default_kernel(const BatchNormForwardArgs<T, P>& args) {
-  return batch_norm_forward_supported(BatchNormKernel::fused, args) ? BatchNormKernel::fused : BatchNormKernel::simple;
+  return batch_norm_forward_supported(BatchNormKernel::vectorized, args) ? BatchNormKernel::vectorized
+                                                                         : BatchNormKernel::simple;
 }
 
 template <typename T, typename P>
 BatchNormKernel batch_norm_backward_default_kernel(const BatchNormBackwardArgs<T, P>& args) {
-  return batch_norm_backward_supported(BatchNormKernel::fused, args) ? BatchNormKernel::fused : BatchNormKernel::simple;
+  return batch_norm_backward_supported(BatchNormKernel::vectorized, args) ? BatchNormKernel::vectorized
+                                                                          : BatchNormKernel::simple;
 }
 
 template <typename T, typename P>
