@@ -40,7 +40,8 @@
 # $OUT/cpp_tests.log, cpp_train_cnn_cifar.log (+ .jsonl), cpp_gemm.md. CPP_PARTS (default "tests examples") runs one
 # of the two halves, where a call's time limit does not hold both. It needs cmake and GoogleTest; a machine
 # without them and without network takes them from the checkout: a cmake wheel in .whl/ (pip download cmake
-# --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .whl) and GoogleTest's sources in
+# --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .whl; with cpack deleted from it and its
+# RECORD, 22 MB, the carry of .whl, .deps and .data stays under the device's 64 MiB) and GoogleTest's sources in
 # .deps/googletest (cp -r /usr/src/googletest .deps/ on a Debian machine with the googletest package); carry both.
 # notebooks executes notebooks/*.ipynb with the machine's settings into $OUT/notebooks/ (02 trains the ResNet-18
 # recipe on .data/cifar10-train-jpg.tar.gz, ~3 min on an H100). The device machines have no Jupyter: fetch the
@@ -205,7 +206,7 @@ if has cpp; then
   echo "== torchext from C++"
   if ! command -v cmake > /dev/null; then
     python -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/cmake-site .whl/cmake*.whl \
-      && export PATH="/tmp/cmake-site/bin:$PATH" || echo "no cmake, and no cmake wheel in .whl/ (see the header)"
+      && export PATH="/tmp/cmake-site/cmake/data/bin:$PATH" || echo "no cmake, and no cmake wheel in .whl/ (see the header)"
   fi
   if [ -z "${TORCHEXT_GTEST_SOURCE:-}" ] && [ -d .deps/googletest ]; then export TORCHEXT_GTEST_SOURCE=$PWD/.deps/googletest; fi
   if [[ " ${CPP_PARTS:-tests examples} " == *" tests "* ]]; then
