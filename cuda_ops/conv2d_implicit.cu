@@ -349,7 +349,6 @@ __global__ void conv2d_wgrad_reduce_kernel(const float* partial, int splits, int
   }
 }
 
-
 // ---------------------------------------------------------------------------------------------------------------
 // Host side
 
@@ -406,7 +405,6 @@ int64_t stats_partial_bytes(int64_t m, int64_t n) {
   const int64_t bm = n <= 64 ? Tile128x64::BM : Tile128x128::BM;
   return 2 * n * ((m + bm - 1) / bm) * static_cast<int64_t>(sizeof(float));
 }
-
 
 template <typename T>
 cudaError_t forward(const Conv2dArgs<T>& a, cudaStream_t stream, void* workspace) {

@@ -118,50 +118,24 @@ __device__ __forceinline__ void tile_of(int t, int tiles_m, int tiles_n, int& tm
 template <typename T, int N>
 struct ConvWgmma;
 
-template <>
-struct ConvWgmma<__nv_bfloat16, 128> {
-  __device__ __forceinline__ static void run(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " TORCHEXT_CONV_WGMMA_N128_D_REGS
-        ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : TORCHEXT_CONV_WGMMA_N128_D_OPERANDS(d)
-        : "l"(desc_a), "l"(desc_b));
-  }
-};
-template <>
-struct ConvWgmma<__half, 128> {
-  __device__ __forceinline__ static void run(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " TORCHEXT_CONV_WGMMA_N128_D_REGS
-        ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : TORCHEXT_CONV_WGMMA_N128_D_OPERANDS(d)
-        : "l"(desc_a), "l"(desc_b));
-  }
-};
-template <>
-struct ConvWgmma<__nv_bfloat16, 64> {
-  __device__ __forceinline__ static void run(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " TORCHEXT_CONV_WGMMA_N64_D_REGS
-        ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : TORCHEXT_CONV_WGMMA_N64_D_OPERANDS(d)
-        : "l"(desc_a), "l"(desc_b));
-  }
-};
-template <>
-struct ConvWgmma<__half, 64> {
-  __device__ __forceinline__ static void run(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " TORCHEXT_CONV_WGMMA_N64_D_REGS
-        ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : TORCHEXT_CONV_WGMMA_N64_D_OPERANDS(d)
-        : "l"(desc_a), "l"(desc_b));
-  }
-};
+// One specialization per (type, N): the PTX type name and the register list differ, nothing else. A and B are read
+// from their descriptors (operands N / 2 and N / 2 + 1 after the N / 2 accumulators), scale-d on, no transposes.
+#define TORCHEXT_CONV_WGMMA(T, PTX_TYPE, N, A_OP, B_OP)                                                     \
+  template <>                                                                                               \
+  struct ConvWgmma<T, N> {                                                                                  \
+    __device__ __forceinline__ static void run(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) {      \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                              \
+                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_TYPE "." PTX_TYPE " "             \
+                   TORCHEXT_CONV_WGMMA_N##N##_D_REGS ", " A_OP ", " B_OP ", p, 1, 1, 0, 0;\n}\n"           \
+                   : TORCHEXT_CONV_WGMMA_N##N##_D_OPERANDS(d)                                               \
+                   : "l"(desc_a), "l"(desc_b));                                                             \
+    }                                                                                                       \
+  };
+TORCHEXT_CONV_WGMMA(__nv_bfloat16, "bf16", 128, "%64", "%65")
+TORCHEXT_CONV_WGMMA(__half, "f16", 128, "%64", "%65")
+TORCHEXT_CONV_WGMMA(__nv_bfloat16, "bf16", 64, "%32", "%33")
+TORCHEXT_CONV_WGMMA(__half, "f16", 64, "%32", "%33")
+#undef TORCHEXT_CONV_WGMMA
 
 template <int R>
 __device__ __forceinline__ void fence_registers(float (&d)[R]) {
