@@ -7,7 +7,7 @@
 // backward_input reads y (grad_output) and w and writes x (grad_input); backward_weight reads y and x and writes w
 // (grad_weight). Outputs follow csrc/conv2d.h's layout rule.
 //
-// Layout conversions. The tensor-core versions (implicit_mma, implicit_wgmma) want NHWC activations, KRSC
+// Layout conversions. The tensor-core versions (implicit_mma, implicit_wgmma, implicit_tma) want NHWC activations, KRSC
 // (channels-last) weights and 16-byte rows (C a multiple of 8 in bf16 / fp16). Each pass tries, in order, and stops at the first level where the
 // named variant is supported (variant=...) or where the default choice is a tensor-core version (variant=None; otherwise
 // the

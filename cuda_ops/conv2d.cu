@@ -3,12 +3,12 @@
 // the bias gradient (conv2d_backward_bias) and the output statistics (conv2d_output_stats).
 //
 // Statistics: the forward's contract (cuda_ops/conv2d_args.h) is that args.stats, when set, receives y's per-channel
-// sum and sum of squares. implicit_mma and implicit_wgmma accumulate them in their epilogues and get args as they
-// are; for direct and
-// im2col, conv2d() runs the family without stats and then conv2d_output_stats over the stored y, in the same
+// sum and sum of squares. implicit_mma, implicit_wgmma and implicit_tma accumulate them in their epilogues and get
+// args as they are; for direct and im2col, conv2d() runs the family without stats and then conv2d_output_stats over the stored y, in the same
 // workspace (the reduction follows the forward in stream order), so conv2d_workspace_bytes is the larger of the two.
 //
-// The default choice, fastest first: implicit_wgmma where conv2d_wgmma_supported says yes (an sm_90 GPU, bf16 / fp16,
+// The default choice, fastest first: implicit_tma where conv2d_tma_supported says yes (as implicit_wgmma, with output
+// rows TMA can read as boxes); else implicit_wgmma where conv2d_wgmma_supported says yes (an sm_90 GPU, bf16 / fp16,
 // forward and backward_input); else implicit_mma where conv2d_implicit_supported says yes (tensor cores, NHWC / KRSC,
 // groups == 1; csrc/conv2d_cuda.cpp converts layouts to get there); else im2col where it is supported (groups == 1,
 // dense layouts) and its workspace stays under kDefaultIm2colWorkspaceCap (the patch matrix is chunked at 256 MiB, so
@@ -225,7 +225,8 @@ size_t reduce_workspace_bytes(const Conv2dArgs<T>& args) {
 
 // The forward's statistics come from conv2d_output_stats after this family's kernels (see the top of the file).
 bool stats_after(Conv2dKernel kernel, Conv2dPass pass) {
-  return pass == Conv2dPass::forward && kernel != Conv2dKernel::implicit_mma && kernel != Conv2dKernel::implicit_wgmma;
+  return pass == Conv2dPass::forward && kernel != Conv2dKernel::implicit_mma &&
+         kernel != Conv2dKernel::implicit_wgmma && kernel != Conv2dKernel::implicit_tma;
 }
 
 template <typename T>
@@ -248,6 +249,8 @@ bool conv2d_supported(Conv2dKernel kernel, Conv2dPass pass, const Conv2dArgs<T>&
       return conv2d_implicit_supported(pass, args, why);
     case Conv2dKernel::implicit_wgmma:
       return conv2d_wgmma_supported(pass, args, why);
+    case Conv2dKernel::implicit_tma:
+      return conv2d_tma_supported(pass, args, why);
     default:
       if (why != nullptr) *why = "unknown kernel";
       return false;
@@ -268,6 +271,9 @@ size_t conv2d_workspace_bytes(Conv2dKernel kernel, Conv2dPass pass, const Conv2d
       break;
     case Conv2dKernel::implicit_wgmma:
       bytes = conv2d_wgmma_workspace_bytes(pass, args);
+      break;
+    case Conv2dKernel::implicit_tma:
+      bytes = conv2d_tma_workspace_bytes(pass, args);
       break;
     default:
       return 0;
@@ -295,6 +301,8 @@ cudaError_t conv2d(Conv2dKernel kernel, Conv2dPass pass, const Conv2dArgs<T>& ar
       return conv2d_implicit(pass, args, stream, workspace);
     case Conv2dKernel::implicit_wgmma:
       return conv2d_wgmma(pass, args, stream, workspace);
+    case Conv2dKernel::implicit_tma:
+      return conv2d_tma(pass, args, stream, workspace);
     default:
       return cudaErrorNotSupported;
   }
@@ -305,6 +313,7 @@ cudaError_t conv2d(Conv2dKernel kernel, Conv2dPass pass, const Conv2dArgs<T>& ar
 
 template <typename T>
 Conv2dKernel conv2d_default_kernel(Conv2dPass pass, const Conv2dArgs<T>& args) {
+  if (conv2d_tma_supported(pass, args, nullptr)) return Conv2dKernel::implicit_tma;
   if (conv2d_wgmma_supported(pass, args, nullptr)) return Conv2dKernel::implicit_wgmma;
   if (conv2d_implicit_supported(pass, args, nullptr)) return Conv2dKernel::implicit_mma;
   const Conv2dArgs<T> a = without_stats(args);

@@ -15,6 +15,8 @@
 //   cuda_ops/conv2d_wgmma.cu     implicit GEMM on Hopper's wgmma (sm_90a, bf16/fp16): a producer warpgroup gathers
 //                                the tiles with cp.async into an mbarrier ring, two consumer warpgroups multiply,
 //                                persistent over the tiles (forward and backward_input)
+//                                (implicit_tma, same file: each tap's tiles copied by TMA as boxes of the NHWC
+//                                tensor, the output tiled in whole image rows; the default where it runs)
 //   cuda_ops/conv2d.cu           the launcher, the default choice, the bias gradient and the statistics pass
 //
 // T is float, double, __half or __nv_bfloat16; accumulation in acc_t<T> (cuda_ops/common.cuh).
@@ -92,5 +94,12 @@ template <typename T>
 size_t conv2d_wgmma_workspace_bytes(Conv2dPass pass, const Conv2dArgs<T>& args);
 template <typename T>
 cudaError_t conv2d_wgmma(Conv2dPass pass, const Conv2dArgs<T>& args, cudaStream_t stream, void* workspace);
+
+template <typename T>
+bool conv2d_tma_supported(Conv2dPass pass, const Conv2dArgs<T>& args, const char** why);
+template <typename T>
+size_t conv2d_tma_workspace_bytes(Conv2dPass pass, const Conv2dArgs<T>& args);
+template <typename T>
+cudaError_t conv2d_tma(Conv2dPass pass, const Conv2dArgs<T>& args, cudaStream_t stream, void* workspace);
 
 }  // namespace torchext::cuda_ops

@@ -409,7 +409,7 @@ int64_t stats_partial_bytes(int64_t m, int64_t n) {
 template <typename T>
 cudaError_t forward(const Conv2dArgs<T>& a, cudaStream_t stream, void* workspace) {
   const int bm = a.shape.k <= 64 ? Tile128x64::BM : Tile128x128::BM;
-  return forward_gemm(a, stream, workspace, run_fprop<T>, bm);
+  return forward_gemm(a, stream, workspace, run_fprop<T>, ceil_div(a.shape.n * a.shape.p * a.shape.q, bm));
 }
 
 template <typename T>

@@ -150,10 +150,10 @@ Gather<T> input_gather(const Conv2dArgs<T>& a) {
   return g;
 }
 
-// The forward as one GEMM: run(params, relu, stats, stream) launches the rung's kernel; `bm` is its tile height
-// (the statistics' partials are [2][n][tiles of bm rows]).
+// The forward as one GEMM: run(params, relu, stats, stream) launches the rung's kernel; `stats_tiles` is its number
+// of tiles along the output pixels (the statistics' partials are [2][n][stats_tiles]).
 template <typename T, class Run>
-cudaError_t forward_gemm(const Conv2dArgs<T>& a, cudaStream_t stream, void* workspace, Run&& run, int bm) {
+cudaError_t forward_gemm(const Conv2dArgs<T>& a, cudaStream_t stream, void* workspace, Run&& run, int stats_tiles) {
   const Conv2dShape& sh = a.shape;
   FpropParams<T> p;
   p.m = static_cast<int>(sh.n * sh.p * sh.q);
@@ -178,9 +178,8 @@ cudaError_t forward_gemm(const Conv2dArgs<T>& a, cudaStream_t stream, void* work
   }
   cudaError_t err = run(p, a.act == Activation::relu, stats, stream);
   if (err != cudaSuccess || !stats) return err;
-  const int tiles_m = ceil_div(p.m, bm);
-  conv2d_stats_reduce_kernel<<<dim3(static_cast<unsigned>(p.n), 2), 256, 0, stream>>>(p.stats_partial, tiles_m, p.n,
-                                                                                      a.stats);
+  conv2d_stats_reduce_kernel<<<dim3(static_cast<unsigned>(p.n), 2), 256, 0, stream>>>(p.stats_partial, stats_tiles,
+                                                                                      p.n, a.stats);
   return cudaGetLastError();
 }
 

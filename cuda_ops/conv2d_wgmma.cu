@@ -39,6 +39,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "common.cuh"
@@ -80,6 +81,48 @@ __device__ __forceinline__ void tile_of(int t, int tiles_m, int tiles_n, int& tm
   const int rows = min(tiles_m - first_m, kTileGroupM);
   tm = first_m + (t % group) % rows;
   tn = (t % group) / rows;
+}
+
+// implicit_tma's tiling of the output grid (N, P, Q): a tile is box_n images x box_p rows x all Q columns (at most
+// kBM pixels, in that order), so the input window of each tap is one box of the NHWC tensor: {64 channels, Q columns
+// stepping by the stride, box_p rows stepping by the stride, box_n images}, starting at (c0, s dil_w - pad_w,
+// p0 stride_h - pad_h + r dil_h, n0). Rows of the tile past box_n box_p Q (when kBM is not a multiple of the
+// image's shape) are multiplied but never stored.
+struct TmaBoxes {
+  int box_q = 0, box_p = 0, box_n = 0;  // tile extent: columns (= Q), rows, images
+  int tiles_p = 1;                      // tiles per box_n images: ceil(P / box_p)
+  int tiles_m = 0;                      // ceil(N / box_n) tiles_p
+  int images = 0, out_p = 0;            // N, P
+  int chunks = 1, taps_s = 1;           // 64-channel chunks per tap, taps per kernel row
+  int num_kt = 0;                       // k-steps per tile: taps x chunks
+  int stride_h = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;
+  uint32_t tx_bytes = 0;  // bytes each stage's two boxes deliver
+  FastDivmod pix, q;      // tile row -> (image in the tile, pixel), pixel -> (row, column)
+};
+
+// The boxes of an output grid of n x p x q pixels read with the given strides; false if TMA cannot express them
+// (a box extent is at most 256 elements: q stride_w and box_p stride_h; strides at most 8).
+inline bool plan_tma_boxes(int64_t n, int64_t p, int64_t q, int64_t stride_h, int64_t stride_w, TmaBoxes& b) {
+  if (n <= 0 || p <= 0 || q <= 0 || stride_h < 1 || stride_h > 8 || stride_w < 1 || stride_w > 8) return false;
+  if (q * stride_w > 256 || q > kBM) return false;
+  b.box_q = static_cast<int>(q);
+  if (p * q <= kBM) {  // whole images
+    if (p * stride_h > 256) return false;
+    b.box_p = static_cast<int>(p);
+    b.box_n = static_cast<int>(std::min<int64_t>({kBM / (p * q), n, 256}));
+    b.tiles_p = 1;
+  } else {  // rows of one image
+    b.box_p = static_cast<int>(std::min<int64_t>(kBM / q, 256 / stride_h));
+    b.box_n = 1;
+    b.tiles_p = ceil_div(p, b.box_p);
+  }
+  b.tiles_m = ceil_div(n, b.box_n) * b.tiles_p;
+  b.images = static_cast<int>(n);
+  b.out_p = static_cast<int>(p);
+  b.stride_h = static_cast<int>(stride_h);
+  b.pix = FastDivmod(b.box_p * b.box_q);
+  b.q = FastDivmod(b.box_q);
+  return true;
 }
 
 #if defined(TORCHEXT_WGMMA_DEVICE)
@@ -149,8 +192,12 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 2, 256
 
 #endif  // TORCHEXT_WGMMA_DEVICE
 
-template <typename T, int BN, bool kRelu, bool kStats>
-__global__ void __launch_bounds__(kThreads, 1) conv2d_wgmma_fprop_kernel(const FpropParams<T> p) {
+// kTma: the A and B tiles come from TMA (implicit_tma: geo and the two maps); otherwise the producer warpgroup
+// gathers them with cp.async (implicit_wgmma: geo and the maps unused).
+template <typename T, int BN, bool kRelu, bool kStats, bool kTma>
+__global__ void __launch_bounds__(kThreads, 1)
+    conv2d_wgmma_fprop_kernel(const FpropParams<T> p, const TmaBoxes geo, const __grid_constant__ CUtensorMap map_a,
+                              const __grid_constant__ CUtensorMap map_b) {
 #if defined(TORCHEXT_WGMMA_DEVICE)
   using Cfg = WgTile<BN>;
   constexpr int kStages = Cfg::kStages, kLag = Cfg::kLag;
@@ -163,19 +210,47 @@ __global__ void __launch_bounds__(kThreads, 1) conv2d_wgmma_fprop_kernel(const F
   uint64_t* empty = full + kStages;
   const int warpgroup = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int tiles = p.tiles_m * p.tiles_n;
-  const int num_kt = (p.k + kBK - 1) / kBK;
+  const int num_kt = kTma ? geo.num_kt : (p.k + kBK - 1) / kBK;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 128);              // every producer thread, once its copies of the stage have landed
+      // TMA: the producer's arrive with the stage's byte count; cp.async: every producer thread, once its copies
+      // of the stage have landed.
+      mbar_init(&full[s], kTma ? 1 : 128);
       mbar_init(&empty[s], kConsumerWarps);  // one arrive per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
 
-  if (warpgroup == 0) {
-    // Producer. Thread tid copies 16-byte chunk c of rows r0, r0 + 16, ... of A (the tile's output pixels) and of B
+  if (warpgroup == 0 && kTma) {
+    // Producer, TMA: one thread issues each stage's two boxes (the tap's input window, the tap's weight rows).
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
+    if (tid == 0) {
+      int s = 0;
+      uint32_t phase = 0;
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int tm, tn;
+        tile_of(t, p.tiles_m, p.tiles_n, tm, tn);
+        const int n0 = (tm / geo.tiles_p) * geo.box_n;
+        const int h0 = (tm % geo.tiles_p) * geo.box_p * geo.stride_h - geo.pad_h;
+        const int bn0 = tn * BN;
+        int tap = 0, c0 = 0;
+        for (int kt = 0; kt < num_kt; ++kt) {
+          const int tr = tap / geo.taps_s, ts = tap - tr * geo.taps_s;
+          mbar_wait(&empty[s], phase ^ 1);
+          uint8_t* sa = smem + s * Cfg::kStageBytes;
+          mbar_arrive_expect_tx(&full[s], geo.tx_bytes);
+          tma_load_4d(sa, &map_a, &full[s], c0, ts * geo.dil_w - geo.pad_w, h0 + tr * geo.dil_h, n0);
+          tma_load_3d(sa + Cfg::kTileBytesA, &map_b, &full[s], c0, tap, bn0);
+          c0 += kBK;
+          if (c0 == geo.chunks * kBK) c0 = 0, ++tap;
+          if (++s == kStages) s = 0, phase ^= 1;
+        }
+      }
+    }
+  } else if (warpgroup == 0) {
+    // Producer, cp.async. Thread tid copies 16-byte chunk c of rows r0, r0 + 16, ... of A (the tile's output pixels) and of B
     // (its output channels' weights); its chunk's tap (r, s) and channel are the same for all its rows.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
     const int c = tid & 7, r0 = tid >> 3;
@@ -301,13 +376,23 @@ __global__ void __launch_bounds__(kThreads, 1) conv2d_wgmma_fprop_kernel(const F
       bool row_ok[4];
 #pragma unroll
       for (int h = 0; h < 4; ++h) {  // rows: m64 block h / 2, + 8 if h odd
-        const int m = bm0 + consumer * 128 + (h >> 1) * 64 + warp * 16 + (lane >> 2) + (h & 1) * 8;
-        row_ok[h] = m < p.m;
+        const int r = consumer * 128 + (h >> 1) * 64 + warp * 16 + (lane >> 2) + (h & 1) * 8;
         int image = 0, pix = 0, pp = 0, qq = 0;
-        if (row_ok[h]) {
-          p.g.pq.divmod(m, image, pix);
-          p.g.q.divmod(pix, pp, qq);
+        if constexpr (kTma) {  // tile row r -> image n0 + i, row p0 + pp, column qq
+          geo.pix.divmod(r, image, pix);
+          geo.q.divmod(pix, pp, qq);
+          image += (tm / geo.tiles_p) * geo.box_n;
+          pp += (tm % geo.tiles_p) * geo.box_p;
+          row_ok[h] = r < geo.box_n * geo.box_p * geo.box_q && image < geo.images && pp < geo.out_p;
+        } else {
+          const int m = bm0 + r;
+          row_ok[h] = m < p.m;
+          if (row_ok[h]) {
+            p.g.pq.divmod(m, image, pix);
+            p.g.q.divmod(pix, pp, qq);
+          }
         }
+        if (!row_ok[h]) image = pp = qq = 0;
         row_off[h] = image * p.y_sn + pp * p.y_sh + qq * p.y_sw;
       }
       if constexpr (kStats) consumers_sync();  // the previous tile's partials have been read
@@ -372,58 +457,207 @@ __global__ void __launch_bounds__(kThreads, 1) conv2d_wgmma_fprop_kernel(const F
 // ---------------------------------------------------------------------------------------------------------------
 // Host side
 
-template <typename T, int BN, bool kRelu, bool kStats>
-cudaError_t launch_wgmma_fprop(FpropParams<T> p, cudaStream_t stream) {
-  constexpr auto kernel = conv2d_wgmma_fprop_kernel<T, BN, kRelu, kStats>;
+template <typename T, int BN, bool kRelu, bool kStats, bool kTma>
+cudaError_t launch_wgmma_fprop(FpropParams<T> p, const TmaBoxes& geo, const CUtensorMap* maps, cudaStream_t stream) {
+  constexpr auto kernel = conv2d_wgmma_fprop_kernel<T, BN, kRelu, kStats, kTma>;
   cudaError_t err = prepare_kernel<kernel>(WgTile<BN>::kSmemBytes);
   if (err != cudaSuccess) return err;
-  p.tiles_m = ceil_div(p.m, kBM);
+  p.tiles_m = kTma ? geo.tiles_m : ceil_div(p.m, kBM);
   p.tiles_n = ceil_div(p.n, BN);
   const int64_t tiles = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sm_count()));
-  kernel<<<grid, kThreads, WgTile<BN>::kSmemBytes, stream>>>(p);
+  kernel<<<grid, kThreads, WgTile<BN>::kSmemBytes, stream>>>(p, geo, maps[0], maps[1]);
   return cudaGetLastError();
 }
 
-template <typename T, int BN>
-cudaError_t launch_wgmma_fprop_bn(const FpropParams<T>& p, bool relu, bool stats, cudaStream_t stream) {
+template <typename T, int BN, bool kTma>
+cudaError_t launch_wgmma_fprop_bn(const FpropParams<T>& p, const TmaBoxes& geo, const CUtensorMap* maps, bool relu,
+                                  bool stats, cudaStream_t stream) {
   if (stats) {
-    return relu ? launch_wgmma_fprop<T, BN, true, true>(p, stream) : launch_wgmma_fprop<T, BN, false, true>(p, stream);
+    return relu ? launch_wgmma_fprop<T, BN, true, true, kTma>(p, geo, maps, stream)
+                : launch_wgmma_fprop<T, BN, false, true, kTma>(p, geo, maps, stream);
   }
-  return relu ? launch_wgmma_fprop<T, BN, true, false>(p, stream) : launch_wgmma_fprop<T, BN, false, false>(p, stream);
+  return relu ? launch_wgmma_fprop<T, BN, true, false, kTma>(p, geo, maps, stream)
+              : launch_wgmma_fprop<T, BN, false, false, kTma>(p, geo, maps, stream);
 }
 
 template <typename T>
 cudaError_t run_wgmma_fprop(const FpropParams<T>& p, bool relu, bool stats, cudaStream_t stream) {
   if (p.m == 0 || p.n == 0) return cudaSuccess;
-  return p.n <= 64 ? launch_wgmma_fprop_bn<T, 64>(p, relu, stats, stream)
-                   : launch_wgmma_fprop_bn<T, 128>(p, relu, stats, stream);
+  const TmaBoxes geo;
+  const CUtensorMap maps[2] = {};
+  return p.n <= 64 ? launch_wgmma_fprop_bn<T, 64, false>(p, geo, maps, relu, stats, stream)
+                   : launch_wgmma_fprop_bn<T, 128, false>(p, geo, maps, relu, stats, stream);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// implicit_tma's tensor maps
+
+// The byte strides TMA reads an NHWC-ordered tensor of n x h x w x c elements with: each at most 2^40, a multiple
+// of 16 and nesting (a dimension's stride spans the one inside it); a dimension of size 1 takes the nested stride.
+// False where the tensor's strides cannot be written so.
+template <typename T>
+bool tma_strides(int64_t c, int64_t w, int64_t h, int64_t n, int64_t sw, int64_t sh, int64_t sn,
+                 cuuint64_t (&out)[3]) {
+  constexpr int64_t es = sizeof(T);
+  const int64_t sizes[3] = {w, h, n}, strides[3] = {sw, sh, sn};
+  int64_t span = c * es;  // bytes the dimension's stride must span
+  for (int i = 0; i < 3; ++i) {
+    const int64_t b = sizes[i] <= 1 ? (span + 15) / 16 * 16 : strides[i] * es;
+    if (b < span || b % 16 != 0 || b >= (int64_t{1} << 40)) return false;
+    out[i] = static_cast<cuuint64_t>(b);
+    span = b * std::max<int64_t>(sizes[i], 1);
+  }
+  return true;
+}
+
+// A = the gathered tensor (p.g: n images of g.h x g.w pixels of C channels), read in boxes of {64 channels, Q
+// columns x stride_w, box_p rows x stride_h, box_n images} stepping by the stride; B = the weight, {C, taps, n
+// rows} with the tap's C values contiguous, read in boxes of {64, 1, BN}. Both 128-byte swizzled, zero-filled outside.
+template <typename T>
+bool make_tma_maps(const FpropParams<T>& p, int bn, TmaBoxes& geo, CUtensorMap (&maps)[2]) {
+  auto encode = sm90::encode_tiled_fn();
+  if (encode == nullptr) return false;
+  const int64_t pq = p.g.pq.d, q = p.g.q.d, cg = p.g.c.d;
+  if (pq <= 0 || q <= 0 || cg <= 0 || p.k % cg != 0) return false;
+  const int64_t n = p.m / pq, taps = p.k / cg;
+  if (!plan_tma_boxes(n, pq / q, q, p.g.stride_h, p.g.stride_w, geo)) return false;
+  geo.chunks = ceil_div(cg, kBK);
+  geo.taps_s = p.g.s.d;
+  geo.num_kt = static_cast<int>(taps) * geo.chunks;
+  geo.pad_h = p.g.pad_h, geo.pad_w = p.g.pad_w, geo.dil_h = p.g.dil_h, geo.dil_w = p.g.dil_w;
+  geo.tx_bytes = static_cast<uint32_t>(kRowBytes * (geo.box_n * geo.box_p * geo.box_q + bn));
+
+  cuuint64_t xs[3];
+  if (!tma_strides<T>(cg, p.g.w, p.g.h, n, p.g.x_sw, p.g.x_sh, p.g.x_sn, xs)) return false;
+  const cuuint64_t a_dims[4] = {cuuint64_t(cg), cuuint64_t(p.g.w), cuuint64_t(p.g.h), cuuint64_t(n)};
+  const cuuint32_t a_box[4] = {cuuint32_t(kBK), cuuint32_t(geo.box_q * p.g.stride_w),
+                               cuuint32_t(geo.box_p * p.g.stride_h), cuuint32_t(geo.box_n)};
+  const cuuint32_t a_steps[4] = {1, cuuint32_t(p.g.stride_w), cuuint32_t(p.g.stride_h), 1};
+  CUresult r = encode(&maps[0], sm90::tma_dtype<T>(), 4, const_cast<T*>(p.g.x), a_dims, xs, a_box, a_steps,
+                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return false;
+
+  constexpr int64_t es = sizeof(T);
+  const int64_t lead = p.n > 1 ? p.w_lead * es : taps * cg * es;
+  if (lead < taps * cg * es || lead % 16 != 0 || (cg * es) % 16 != 0) return false;
+  const cuuint64_t b_dims[3] = {cuuint64_t(cg), cuuint64_t(taps), cuuint64_t(p.n)};
+  const cuuint64_t b_strides[2] = {cuuint64_t(cg * es), cuuint64_t(lead)};
+  const cuuint32_t b_box[3] = {cuuint32_t(kBK), 1, cuuint32_t(bn)};
+  const cuuint32_t b_steps[3] = {1, 1, 1};
+  r = encode(&maps[1], sm90::tma_dtype<T>(), 3, const_cast<T*>(p.wt), b_dims, b_strides, b_box, b_steps,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
+// implicit_tma's GEMM launcher (the drivers' `run`). A GEMM with no k (a stride phase without taps) only writes
+// act(bias): the gathering kernel does that with no copies.
+template <typename T>
+cudaError_t run_tma_fprop(const FpropParams<T>& p, bool relu, bool stats, cudaStream_t stream) {
+  if (p.m == 0 || p.n == 0) return cudaSuccess;
+  if (p.k == 0) return run_wgmma_fprop(p, relu, stats, stream);
+  const int bn = p.n <= 64 ? 64 : 128;
+  TmaBoxes geo;
+  CUtensorMap maps[2];
+  if (!make_tma_maps(p, bn, geo, maps)) return cudaErrorNotSupported;
+  return bn == 64 ? launch_wgmma_fprop_bn<T, 64, true>(p, geo, maps, relu, stats, stream)
+                  : launch_wgmma_fprop_bn<T, 128, true>(p, geo, maps, relu, stats, stream);
+}
+
+// The forward's tiles along the output pixels (the statistics' partials are [2][K][tiles]).
+inline int tma_forward_tiles(const Conv2dShape& sh) {
+  TmaBoxes geo;
+  return plan_tma_boxes(sh.n, sh.p, sh.q, sh.stride_h, sh.stride_w, geo) ? geo.tiles_m : 0;
+}
+
+}  // namespace
+
+namespace {
+
+// What both wgmma rungs need (`tma` picks the rung named in the reasons). The operands' requirements are
+// implicit_mma's (the same GEMMs); its reasons are passed on without their "implicit_mma: " prefix.
+template <typename T>
+bool wgmma_rung_supported(Conv2dPass pass, const Conv2dArgs<T>& a, bool tma, const char** why) {
+  auto fail = [why](const char* reason) {
+    if (why != nullptr) *why = reason;
+    return false;
+  };
+  if constexpr (!std::is_same_v<T, __half> && !std::is_same_v<T, __nv_bfloat16>) {
+    return fail(tma ? "implicit_tma: bf16 and fp16 only (float32 as tf32 runs on implicit_mma)"
+                    : "implicit_wgmma: bf16 and fp16 only (float32 as tf32 runs on implicit_mma)");
+  } else {
+#if !defined(TORCHEXT_BUILT_SM90A)
+    return fail(tma ? "implicit_tma: this build has no sm_90a code (build with 9.0 in TORCH_CUDA_ARCH_LIST)"
+                    : "implicit_wgmma: this build has no sm_90a code (build with 9.0 in TORCH_CUDA_ARCH_LIST)");
+#endif
+    if (compute_capability() != 90) {
+      return fail(tma ? "implicit_tma: needs an sm_90 GPU (H100 / H200)"
+                      : "implicit_wgmma: needs an sm_90 GPU (H100 / H200)");
+    }
+    if (smem_optin() < WgTile<64>::kSmemBytes || smem_optin() < WgTile<128>::kSmemBytes) {
+      return fail(tma ? "implicit_tma: the device has too little shared memory"
+                      : "implicit_wgmma: the device has too little shared memory");
+    }
+    if (pass == Conv2dPass::backward_weight) {
+      return fail(tma ? "implicit_tma: backward_weight is not on wgmma yet (implicit_mma runs it)"
+                      : "implicit_wgmma: backward_weight is not on wgmma yet (implicit_mma runs it)");
+    }
+    const char* reason = nullptr;
+    if (!conv2d_implicit_supported(pass, a, &reason)) {
+      constexpr char kPrefix[] = "implicit_mma: ";
+      if (reason != nullptr && std::strncmp(reason, kPrefix, sizeof(kPrefix) - 1) == 0) reason += sizeof(kPrefix) - 1;
+      return fail(reason);
+    }
+    return true;
+  }
 }
 
 }  // namespace
 
 template <typename T>
 bool conv2d_wgmma_supported(Conv2dPass pass, const Conv2dArgs<T>& a, const char** why) {
+  return wgmma_rung_supported(pass, a, false, why);
+}
+
+template <typename T>
+bool conv2d_tma_supported(Conv2dPass pass, const Conv2dArgs<T>& a, const char** why) {
+  if (!wgmma_rung_supported(pass, a, true, why)) return false;
   auto fail = [why](const char* reason) {
     if (why != nullptr) *why = reason;
     return false;
   };
-  if constexpr (!std::is_same_v<T, __half> && !std::is_same_v<T, __nv_bfloat16>) {
-    return fail("implicit_wgmma: bf16 and fp16 only (float32 as tf32 runs on implicit_mma)");
-  } else {
-#if !defined(TORCHEXT_BUILT_SM90A)
-    return fail("implicit_wgmma: this build has no sm_90a code (build with 9.0 in TORCH_CUDA_ARCH_LIST)");
-#endif
-    if (compute_capability() != 90) return fail("implicit_wgmma: needs an sm_90 GPU (H100 / H200)");
-    if (smem_optin() < WgTile<64>::kSmemBytes || smem_optin() < WgTile<128>::kSmemBytes) {
-      return fail("implicit_wgmma: the device has too little shared memory");
-    }
-    if (pass == Conv2dPass::backward_weight) {
-      return fail("implicit_wgmma: backward_weight is not on wgmma yet (implicit_mma runs it)");
-    }
-    // The operands' requirements are implicit_mma's (the same gathered loads).
-    return conv2d_implicit_supported(pass, a, why);
+  if (sm90::encode_tiled_fn() == nullptr) return fail("implicit_tma: the driver has no cuTensorMapEncodeTiled");
+  const Conv2dShape& sh = a.shape;
+  // Each k-step reads 64 channels of one tap; with fewer, most of it would be TMA's zero fill, where implicit_wgmma
+  // packs several taps into a k-step (the 3-channel stem, padded to 8: 9 k-steps here against 2).
+  if ((pass == Conv2dPass::forward ? sh.c : sh.k) < kBK) {
+    return fail(pass == Conv2dPass::forward ? "implicit_tma: needs at least 64 input channels (implicit_wgmma runs fewer)"
+                                            : "implicit_tma: needs at least 64 output channels for backward_input "
+                                              "(implicit_wgmma runs fewer)");
   }
+  TmaBoxes geo;
+  cuuint64_t strides[3];
+  if (pass == Conv2dPass::forward) {
+    if (sh.n * sh.p * sh.q == 0) return true;
+    if (!plan_tma_boxes(sh.n, sh.p, sh.q, sh.stride_h, sh.stride_w, geo)) {
+      return fail("implicit_tma: the output rows must be at most 256 / stride wide (a TMA box) and strides at most 8");
+    }
+    if (!tma_strides<T>(sh.c, sh.w, sh.h, sh.n, a.x.sw, a.x.sh, a.x.sn, strides)) {
+      return fail("implicit_tma: the input's strides must nest in (n, h, w, c) order (channels-last)");
+    }
+  } else {  // backward_input: stride phases of at most ceil(H / stride) x ceil(W / stride) pixels, read at stride 1
+    if (sh.n * sh.h * sh.w == 0) return true;
+    const int64_t hi = (sh.h + sh.stride_h - 1) / sh.stride_h, wi = (sh.w + sh.stride_w - 1) / sh.stride_w;
+    if (!plan_tma_boxes(sh.n, hi, wi, 1, 1, geo)) {
+      return fail("implicit_tma: backward_input needs rows of at most 256 pixels per stride phase (a TMA box)");
+    }
+    if (!tma_strides<T>(sh.k, sh.q, sh.p, sh.n, a.y.sw, a.y.sh, a.y.sn, strides)) {
+      return fail("implicit_tma: grad_output's strides must nest in (n, h, w, c) order (channels-last)");
+    }
+  }
+  return true;
 }
 
 template <typename T>
@@ -451,9 +685,43 @@ cudaError_t conv2d_wgmma(Conv2dPass pass, const Conv2dArgs<T>& args, cudaStream_
     if (!conv2d_wgmma_supported(pass, args, nullptr)) return cudaErrorNotSupported;
     switch (pass) {
       case Conv2dPass::forward:
-        return forward_gemm(args, stream, workspace, run_wgmma_fprop<T>, kBM);
+        return forward_gemm(args, stream, workspace, run_wgmma_fprop<T>,
+                            ceil_div(args.shape.n * args.shape.p * args.shape.q, kBM));
       case Conv2dPass::backward_input:
         return backward_input_gemm(args, stream, workspace, run_wgmma_fprop<T>);
+      case Conv2dPass::backward_weight:
+        break;
+    }
+    return cudaErrorNotSupported;
+  }
+}
+
+template <typename T>
+size_t conv2d_tma_workspace_bytes(Conv2dPass pass, const Conv2dArgs<T>& a) {
+  const Conv2dShape& sh = a.shape;
+  switch (pass) {
+    case Conv2dPass::forward:
+      if (a.stats == nullptr) return 0;
+      return align256(static_cast<size_t>(2 * sh.k * tma_forward_tiles(sh)) * sizeof(float));
+    case Conv2dPass::backward_input:
+      return backward_input_workspace_bytes<T>(sh);
+    case Conv2dPass::backward_weight:
+      return 0;
+  }
+  return 0;
+}
+
+template <typename T>
+cudaError_t conv2d_tma(Conv2dPass pass, const Conv2dArgs<T>& args, cudaStream_t stream, void* workspace) {
+  if constexpr (!std::is_same_v<T, __half> && !std::is_same_v<T, __nv_bfloat16>) {
+    return cudaErrorNotSupported;
+  } else {
+    if (!conv2d_tma_supported(pass, args, nullptr)) return cudaErrorNotSupported;
+    switch (pass) {
+      case Conv2dPass::forward:
+        return forward_gemm(args, stream, workspace, run_tma_fprop<T>, tma_forward_tiles(args.shape));
+      case Conv2dPass::backward_input:
+        return backward_input_gemm(args, stream, workspace, run_tma_fprop<T>);
       case Conv2dPass::backward_weight:
         break;
     }
@@ -464,7 +732,10 @@ cudaError_t conv2d_wgmma(Conv2dPass pass, const Conv2dArgs<T>& args, cudaStream_
 #define TORCHEXT_INSTANTIATE_CONV2D_WGMMA(T)                                               \
   template bool conv2d_wgmma_supported<T>(Conv2dPass, const Conv2dArgs<T>&, const char**); \
   template size_t conv2d_wgmma_workspace_bytes<T>(Conv2dPass, const Conv2dArgs<T>&);       \
-  template cudaError_t conv2d_wgmma<T>(Conv2dPass, const Conv2dArgs<T>&, cudaStream_t, void*);
+  template cudaError_t conv2d_wgmma<T>(Conv2dPass, const Conv2dArgs<T>&, cudaStream_t, void*);    \
+  template bool conv2d_tma_supported<T>(Conv2dPass, const Conv2dArgs<T>&, const char**);   \
+  template size_t conv2d_tma_workspace_bytes<T>(Conv2dPass, const Conv2dArgs<T>&);         \
+  template cudaError_t conv2d_tma<T>(Conv2dPass, const Conv2dArgs<T>&, cudaStream_t, void*);
 TORCHEXT_INSTANTIATE_CONV2D_WGMMA(float)
 TORCHEXT_INSTANTIATE_CONV2D_WGMMA(double)
 TORCHEXT_INSTANTIATE_CONV2D_WGMMA(__half)

@@ -71,15 +71,6 @@ using namespace sm90;
 
 #if defined(TORCHEXT_WGMMA_DEVICE)
 
-// 3-D tile copy global -> shared, completing `box bytes` on `bar`. Coordinates are in elements, innermost first.
-__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
-      "[%2];" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
-}
-
 // 3-D tile copy shared -> global (the copy engine clips what lies outside the matrix), in this thread's bulk group.
 __device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
   asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
@@ -714,29 +705,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---------------------------------------------------------------------------------------------------------------
 // Host side.
-
-PFN_cuTensorMapEncodeTiled_v12000 encode_tiled_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult status{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &status) !=
-            cudaSuccess ||
-        status != cudaDriverEntryPointSuccess) {
-      ptr = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
-  }();
-  return fn;
-}
-
-template <typename T>
-CUtensorMapDataType tma_dtype() {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  if constexpr (std::is_same_v<T, __half>) return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  // float is loaded as TFLOAT32: the copy engine rounds each value to tf32 (to nearest) on its way to shared
-  // memory. Loaded as FLOAT32, the tensor cores would truncate instead, with measured errors 2.6x cuBLAS's.
-  return CU_TENSOR_MAP_DATA_TYPE_TFLOAT32;
-}
 
 // How one operand is read: `major` is the dimension with unit stride ("inner", TMA's dimension 0), `lead` the
 // element stride of the other one. X is (rows, cols) = A (m, k) or B^T (n, k), so K-major means cols are inner.

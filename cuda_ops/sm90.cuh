@@ -1,10 +1,18 @@
 // Hopper (sm_90a) PTX wrappers shared by the wgmma kernels of the GEMM engine (cuda_ops/matmul_wgmma.cu) and of the
-// convolution (cuda_ops/conv2d_wgmma.cu): mbarriers, the shared-memory matrix descriptor of a 128-byte-swizzled
-// operand, wgmma's fence / commit / wait, the generic-to-async proxy fence. The device functions exist only in the
-// sm_90a image (TORCHEXT_WGMMA_DEVICE); elsewhere the kernels that use them compile to empty bodies.
+// convolution (cuda_ops/conv2d_wgmma.cu): mbarriers, TMA tile copies, the shared-memory matrix descriptor of a
+// 128-byte-swizzled operand, wgmma's fence / commit / wait, the generic-to-async proxy fence; on the host, the
+// driver's tensor-map encoder. The device functions exist only in the sm_90a image (TORCHEXT_WGMMA_DEVICE); elsewhere
+// the kernels that use them compile to empty bodies.
 #pragma once
 
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define TORCHEXT_WGMMA_DEVICE 1
@@ -49,6 +57,24 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   }
 }
 
+// TMA tile copies global -> shared, completing the box's bytes on `bar` (the whole box, the part outside the tensor
+// zero-filled). Coordinates are in elements, innermost first, and may be negative.
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+      "[%2];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2,
+                                            int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
+      "[%2];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
 // Makes this thread's ordinary shared-memory writes visible to the copy engine.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
@@ -72,5 +98,29 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 
 #endif  // TORCHEXT_WGMMA_DEVICE
+
+// The driver's cuTensorMapEncodeTiled (null where the driver has none), looked up once.
+inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess) {
+      ptr = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }();
+  return fn;
+}
+
+template <typename T>
+CUtensorMapDataType tma_dtype() {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  if constexpr (std::is_same_v<T, __half>) return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  // float is loaded as TFLOAT32: the copy engine rounds each value to tf32 (to nearest) on its way to shared
+  // memory. Loaded as FLOAT32, the tensor cores would truncate instead, with measured errors 2.6x cuBLAS's.
+  return CU_TENSOR_MAP_DATA_TYPE_TFLOAT32;
+}
 
 }  // namespace torchext::cuda_ops::sm90

@@ -15,7 +15,7 @@ import torchext  # noqa: F401  (registers the ops)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
 
-VARIANTS = (None, "direct", "im2col", "implicit_mma", "implicit_wgmma")
+VARIANTS = (None, "direct", "im2col", "implicit_mma", "implicit_wgmma", "implicit_tma")
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 LAYOUTS = ("nchw", "nhwc")
 
@@ -35,6 +35,21 @@ RESNET_SHAPES = [
     (8, 128, 16, 16, 256, 3, 3, 2, 1, 1, 1),
     (8, 128, 16, 16, 256, 1, 1, 2, 0, 1, 1),
     (40, 64, 32, 32, 64, 3, 3, 1, 1, 1, 1),  # 160 tiles of 256 rows: more than one per SM for the persistent rung
+]
+
+# implicit_tma's geometry (at least 64 channels; cuda_ops/conv2d_wgmma.cu): channel and output-channel counts that are
+# not multiples of 64 (TMA's zero fill past C, weight rows past K), several images per tile, row tiles with a partial
+# last one, stride 2 with padding past the kernel's half, a 1x1 stride-2 whose odd input-gradient phases have no tap,
+# dilation, a 250-wide row (one row per tile) and a 300-wide one (too wide for a box: refused, default falls back).
+TMA_SHAPES = [
+    (3, 72, 5, 7, 80, 3, 3, 1, 1, 1, 1),
+    (2, 64, 9, 11, 64, 3, 3, 2, 2, 1, 1),
+    (1, 64, 40, 37, 72, 3, 3, 1, 1, 1, 1),
+    (3, 64, 11, 9, 128, 1, 1, 2, 0, 1, 1),
+    (2, 64, 12, 12, 64, 3, 3, 1, 2, 2, 1),
+    (2, 96, 12, 13, 64, 5, 5, 2, 3, 1, 1),
+    (1, 64, 6, 250, 64, 3, 3, 1, 1, 1, 1),
+    (1, 64, 3, 300, 64, 3, 3, 1, 1, 1, 1),
 ]
 
 
@@ -201,6 +216,37 @@ def test_conv2d_variant_resnet18_bf16(shape, variant, dtype, layout, act):
     _check_shape(shape, variant, dtype, layout, act)
 
 
+@pytest.mark.parametrize("shape,variant,dtype,layout,act", _params(TMA_SHAPES, (torch.bfloat16, torch.float16)))
+def test_conv2d_variant_tma_geometry(shape, variant, dtype, layout, act):
+    _check_shape(shape, variant, dtype, layout, act)
+
+
+def _is_sm90():
+    return torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.parametrize("si", range(len(TMA_SHAPES)))
+def test_conv2d_tma_takes_its_shapes(si):
+    """On an sm_90 GPU implicit_tma must run the shapes it was written for (the generic test accepts a refusal), and
+    the default must be it; the 300-wide row is refused with a reason."""
+    if not _is_sm90():
+        pytest.skip("implicit_tma needs an sm_90 GPU")
+    shape = TMA_SHAPES[si]
+    x, w, b, g, conv = _make(shape, torch.bfloat16, "nhwc")
+    st, pad, dil, groups = _pair(conv["stride"]), _pair(conv["padding"]), _pair(conv["dilation"]), conv["groups"]
+    op = torch.ops.torchext
+    if shape[3] > 256:
+        with pytest.raises(ValueError, match="256"):
+            op.conv2d(x, w, b, st, pad, dil, groups, "none", "implicit_tma")
+        return
+    y = op.conv2d(x, w, b, st, pad, dil, groups, "none", "implicit_tma")
+    assert torch.equal(y, op.conv2d(x, w, b, st, pad, dil, groups, "none", None)), "the default is not implicit_tma"
+    if dil == [1, 1]:
+        gx = op.conv2d_backward(g, x, w, st, pad, dil, groups, [True, False, False], "implicit_tma")[0]
+        gx0 = op.conv2d_backward(g, x, w, st, pad, dil, groups, [True, False, False], None)[0]
+        assert torch.equal(gx, gx0), "the default backward_input is not implicit_tma"
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
 @pytest.mark.parametrize("case", ["n0", "k0", "c0"])
 def test_conv2d_empty_sizes(variant, case):
@@ -236,7 +282,7 @@ def test_conv2d_variant_names():
     w = torch.rand(4, 4, 3, 3, device="cuda")
     with pytest.raises(ValueError, match="'cpu' runs on CPU"):
         torch.ops.torchext.conv2d(x, w, None, [1, 1], [0, 0], [1, 1], 1, "none", "cpu")
-    with pytest.raises(ValueError, match="'direct', 'im2col', 'implicit_mma', 'implicit_wgmma'"):
+    with pytest.raises(ValueError, match="'direct', 'im2col', 'implicit_mma', 'implicit_wgmma', 'implicit_tma'"):
         torch.ops.torchext.conv2d(x, w, None, [1, 1], [0, 0], [1, 1], 1, "none", "winograd")
     with pytest.raises(ValueError, match="does not support"):
         torch.ops.torchext.conv2d(
