@@ -17,6 +17,8 @@
 //                                persistent over the tiles (forward and backward_input)
 //                                (implicit_tma, same file: each tap's tiles copied by TMA as boxes of the NHWC
 //                                tensor, the output tiled in whole image rows; the default where it runs)
+//   cuda_ops/conv2d_wgrad_tma.cu implicit_tma's backward_weight: dy and x as TMA boxes of whole output rows, both
+//                                MN-major, wgmma, the pixels split with a deterministic reduction
 //   cuda_ops/conv2d.cu           the launcher, the default choice, the bias gradient and the statistics pass
 //
 // T is float, double, __half or __nv_bfloat16; accumulation in acc_t<T> (cuda_ops/common.cuh).
@@ -101,5 +103,13 @@ template <typename T>
 size_t conv2d_tma_workspace_bytes(Conv2dPass pass, const Conv2dArgs<T>& args);
 template <typename T>
 cudaError_t conv2d_tma(Conv2dPass pass, const Conv2dArgs<T>& args, cudaStream_t stream, void* workspace);
+
+// implicit_tma's backward_weight (cuda_ops/conv2d_wgrad_tma.cu), reached through conv2d_tma*.
+template <typename T>
+bool conv2d_tma_wgrad_supported(const Conv2dArgs<T>& args, const char** why);
+template <typename T>
+size_t conv2d_tma_wgrad_workspace_bytes(const Conv2dArgs<T>& args);
+template <typename T>
+cudaError_t conv2d_tma_wgrad(const Conv2dArgs<T>& args, cudaStream_t stream, void* workspace);
 
 }  // namespace torchext::cuda_ops

@@ -337,18 +337,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) conv2d_wgrad_k
 #endif
 }
 
-// dw[i, j] = the splits' partial sums of (i, j), added in split order.
-template <typename T>
-__global__ void conv2d_wgrad_reduce_kernel(const float* partial, int splits, int m, int n, T* dw, int64_t dw_lead) {
-  const int64_t total = static_cast<int64_t>(m) * n;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float sum = 0.f;
-    for (int z = 0; z < splits; ++z) sum += partial[z * total + e];
-    dw[(e / n) * dw_lead + e % n] = static_cast<T>(sum);
-  }
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // Host side
 

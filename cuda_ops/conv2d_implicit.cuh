@@ -12,6 +12,7 @@
 
 #include "common.cuh"
 #include "conv2d.cuh"
+#include "sm90.cuh"
 
 namespace torchext::cuda_ops {
 namespace {
@@ -90,6 +91,18 @@ __global__ void conv2d_stats_reduce_kernel(const float* partial, int tiles, int 
   for (int t = threadIdx.x; t < tiles; t += blockDim.x) sum += partial[row * tiles + t];
   sum = block_sum(sum, scratch);
   if (threadIdx.x == 0) stats[row] = sum;
+}
+
+// dw[i, j] = the splits' partial sums of (i, j), added in split order.
+template <typename T>
+__global__ void conv2d_wgrad_reduce_kernel(const float* partial, int splits, int m, int n, T* dw, int64_t dw_lead) {
+  const int64_t total = static_cast<int64_t>(m) * n;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float sum = 0.f;
+    for (int z = 0; z < splits; ++z) sum += partial[z * total + e];
+    dw[(e / n) * dw_lead + e % n] = static_cast<T>(sum);
+  }
 }
 
 // backward_input's sub-kernel of one stride phase: wp[c][t][u][k] = w[k][c][r0 + sh (T - 1 - t)][s0 + sw (U - 1 - u)],
@@ -239,6 +252,43 @@ cudaError_t backward_input_gemm(const Conv2dArgs<T>& a, cudaStream_t stream, voi
     }
   }
   return cudaSuccess;
+}
+
+// The byte strides TMA reads an NHWC-ordered tensor of n x h x w x c elements with: each at most 2^40, a multiple
+// of 16 and nesting (a dimension's stride spans the one inside it); a dimension of size 1 takes the nested stride.
+// False where the tensor's strides cannot be written so.
+template <typename T>
+bool tma_strides(int64_t c, int64_t w, int64_t h, int64_t n, int64_t sw, int64_t sh, int64_t sn,
+                 cuuint64_t (&out)[3]) {
+  constexpr int64_t es = sizeof(T);
+  const int64_t sizes[3] = {w, h, n}, strides[3] = {sw, sh, sn};
+  int64_t span = c * es;  // bytes the dimension's stride must span
+  for (int i = 0; i < 3; ++i) {
+    const int64_t b = sizes[i] <= 1 ? (span + 15) / 16 * 16 : strides[i] * es;
+    if (b < span || b % 16 != 0 || b >= (int64_t{1} << 40)) return false;
+    out[i] = static_cast<cuuint64_t>(b);
+    span = b * std::max<int64_t>(sizes[i], 1);
+  }
+  return true;
+}
+
+// A 4-D TMA map of an NHWC-ordered tensor (n images of h x w pixels of c channels, strides in elements) read in
+// 128-byte-swizzled boxes of {64 channels, box_w columns, box_h rows, box_n images}, stepping `step_w` columns and
+// `step_h` rows (the convolution's stride): each box lands as box_n box_h box_w rows of 128 bytes, zero-filled where
+// it leaves the tensor. False where TMA cannot read the tensor so.
+template <typename T>
+bool encode_nhwc_map(CUtensorMap& map, const T* base, int64_t c, int64_t w, int64_t h, int64_t n, int64_t sw,
+                     int64_t sh, int64_t sn, int box_w, int box_h, int box_n, int step_w, int step_h) {
+  auto encode = sm90::encode_tiled_fn();
+  cuuint64_t strides[3];
+  if (encode == nullptr || !tma_strides<T>(c, w, h, n, sw, sh, sn, strides)) return false;
+  if (box_w * step_w > 256 || box_h * step_h > 256 || box_n > 256 || step_w > 8 || step_h > 8) return false;
+  const cuuint64_t dims[4] = {cuuint64_t(c), cuuint64_t(w), cuuint64_t(h), cuuint64_t(n)};
+  const cuuint32_t box[4] = {64, cuuint32_t(box_w * step_w), cuuint32_t(box_h * step_h), cuuint32_t(box_n)};
+  const cuuint32_t steps[4] = {1, cuuint32_t(step_w), cuuint32_t(step_h), 1};
+  return encode(&map, sm90::tma_dtype<T>(), 4, const_cast<T*>(base), dims, strides, box, steps,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // backward_input's workspace: the phases' sub-kernels, each 256-byte aligned (each tap belongs to one phase: K C R S

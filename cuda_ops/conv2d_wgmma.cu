@@ -493,24 +493,6 @@ cudaError_t run_wgmma_fprop(const FpropParams<T>& p, bool relu, bool stats, cuda
 // ---------------------------------------------------------------------------------------------------------------
 // implicit_tma's tensor maps
 
-// The byte strides TMA reads an NHWC-ordered tensor of n x h x w x c elements with: each at most 2^40, a multiple
-// of 16 and nesting (a dimension's stride spans the one inside it); a dimension of size 1 takes the nested stride.
-// False where the tensor's strides cannot be written so.
-template <typename T>
-bool tma_strides(int64_t c, int64_t w, int64_t h, int64_t n, int64_t sw, int64_t sh, int64_t sn,
-                 cuuint64_t (&out)[3]) {
-  constexpr int64_t es = sizeof(T);
-  const int64_t sizes[3] = {w, h, n}, strides[3] = {sw, sh, sn};
-  int64_t span = c * es;  // bytes the dimension's stride must span
-  for (int i = 0; i < 3; ++i) {
-    const int64_t b = sizes[i] <= 1 ? (span + 15) / 16 * 16 : strides[i] * es;
-    if (b < span || b % 16 != 0 || b >= (int64_t{1} << 40)) return false;
-    out[i] = static_cast<cuuint64_t>(b);
-    span = b * std::max<int64_t>(sizes[i], 1);
-  }
-  return true;
-}
-
 // A = the gathered tensor (p.g: n images of g.h x g.w pixels of C channels), read in boxes of {64 channels, Q
 // columns x stride_w, box_p rows x stride_h, box_n images} stepping by the stride; B = the weight, {C, taps, n
 // rows} with the tap's C values contiguous, read in boxes of {64, 1, BN}. Both 128-byte swizzled, zero-filled outside.
@@ -528,16 +510,10 @@ bool make_tma_maps(const FpropParams<T>& p, int bn, TmaBoxes& geo, CUtensorMap (
   geo.pad_h = p.g.pad_h, geo.pad_w = p.g.pad_w, geo.dil_h = p.g.dil_h, geo.dil_w = p.g.dil_w;
   geo.tx_bytes = static_cast<uint32_t>(kRowBytes * (geo.box_n * geo.box_p * geo.box_q + bn));
 
-  cuuint64_t xs[3];
-  if (!tma_strides<T>(cg, p.g.w, p.g.h, n, p.g.x_sw, p.g.x_sh, p.g.x_sn, xs)) return false;
-  const cuuint64_t a_dims[4] = {cuuint64_t(cg), cuuint64_t(p.g.w), cuuint64_t(p.g.h), cuuint64_t(n)};
-  const cuuint32_t a_box[4] = {cuuint32_t(kBK), cuuint32_t(geo.box_q * p.g.stride_w),
-                               cuuint32_t(geo.box_p * p.g.stride_h), cuuint32_t(geo.box_n)};
-  const cuuint32_t a_steps[4] = {1, cuuint32_t(p.g.stride_w), cuuint32_t(p.g.stride_h), 1};
-  CUresult r = encode(&maps[0], sm90::tma_dtype<T>(), 4, const_cast<T*>(p.g.x), a_dims, xs, a_box, a_steps,
-                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return false;
+  if (!encode_nhwc_map<T>(maps[0], p.g.x, cg, p.g.w, p.g.h, n, p.g.x_sw, p.g.x_sh, p.g.x_sn, geo.box_q, geo.box_p,
+                          geo.box_n, p.g.stride_w, p.g.stride_h)) {
+    return false;
+  }
 
   constexpr int64_t es = sizeof(T);
   const int64_t lead = p.n > 1 ? p.w_lead * es : taps * cg * es;
@@ -546,7 +522,7 @@ bool make_tma_maps(const FpropParams<T>& p, int bn, TmaBoxes& geo, CUtensorMap (
   const cuuint64_t b_strides[2] = {cuuint64_t(cg * es), cuuint64_t(lead)};
   const cuuint32_t b_box[3] = {cuuint32_t(kBK), 1, cuuint32_t(bn)};
   const cuuint32_t b_steps[3] = {1, 1, 1};
-  r = encode(&maps[1], sm90::tma_dtype<T>(), 3, const_cast<T*>(p.wt), b_dims, b_strides, b_box, b_steps,
+  const CUresult r = encode(&maps[1], sm90::tma_dtype<T>(), 3, const_cast<T*>(p.wt), b_dims, b_strides, b_box, b_steps,
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
@@ -600,9 +576,8 @@ bool wgmma_rung_supported(Conv2dPass pass, const Conv2dArgs<T>& a, bool tma, con
       return fail(tma ? "implicit_tma: the device has too little shared memory"
                       : "implicit_wgmma: the device has too little shared memory");
     }
-    if (pass == Conv2dPass::backward_weight) {
-      return fail(tma ? "implicit_tma: backward_weight is not on wgmma yet (implicit_mma runs it)"
-                      : "implicit_wgmma: backward_weight is not on wgmma yet (implicit_mma runs it)");
+    if (pass == Conv2dPass::backward_weight && !tma) {
+      return fail("implicit_wgmma: backward_weight is not on this rung (implicit_tma and implicit_mma run it)");
     }
     const char* reason = nullptr;
     if (!conv2d_implicit_supported(pass, a, &reason)) {
@@ -630,6 +605,7 @@ bool conv2d_tma_supported(Conv2dPass pass, const Conv2dArgs<T>& a, const char** 
   };
   if (sm90::encode_tiled_fn() == nullptr) return fail("implicit_tma: the driver has no cuTensorMapEncodeTiled");
   const Conv2dShape& sh = a.shape;
+  if (pass == Conv2dPass::backward_weight) return conv2d_tma_wgrad_supported(a, why);  // cuda_ops/conv2d_wgrad_tma.cu
   // Each k-step reads 64 channels of one tap; with fewer, most of it would be TMA's zero fill, where implicit_wgmma
   // packs several taps into a k-step (the 3-channel stem, padded to 8: 9 k-steps here against 2).
   if ((pass == Conv2dPass::forward ? sh.c : sh.k) < kBK) {
@@ -706,7 +682,7 @@ size_t conv2d_tma_workspace_bytes(Conv2dPass pass, const Conv2dArgs<T>& a) {
     case Conv2dPass::backward_input:
       return backward_input_workspace_bytes<T>(sh);
     case Conv2dPass::backward_weight:
-      return 0;
+      return conv2d_tma_wgrad_workspace_bytes(a);
   }
   return 0;
 }
@@ -723,7 +699,7 @@ cudaError_t conv2d_tma(Conv2dPass pass, const Conv2dArgs<T>& args, cudaStream_t 
       case Conv2dPass::backward_input:
         return backward_input_gemm(args, stream, workspace, run_tma_fprop<T>);
       case Conv2dPass::backward_weight:
-        break;
+        return conv2d_tma_wgrad(args, stream, workspace);
     }
     return cudaErrorNotSupported;
   }

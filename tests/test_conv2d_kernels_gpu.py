@@ -51,6 +51,10 @@ TMA_SHAPES = [
     (1, 64, 6, 250, 64, 3, 3, 1, 1, 1, 1),
     (1, 64, 3, 300, 64, 3, 3, 1, 1, 1, 1),
 ]
+# Which of them implicit_tma's backward_weight takes (cuda_ops/conv2d_wgrad_tma.cu: at least 64 channels in and out,
+# R S ceil(C / 64) a multiple of 3, rows of at most 112 pixels): not the 1x1, not the 5x5 over 96 channels (50
+# boxes), not the 250- and 300-wide rows.
+TMA_WGRAD = (True, True, True, False, True, False, False, False)
 
 
 @pytest.fixture(autouse=True)
@@ -228,7 +232,8 @@ def _is_sm90():
 @pytest.mark.parametrize("si", range(len(TMA_SHAPES)))
 def test_conv2d_tma_takes_its_shapes(si):
     """On an sm_90 GPU implicit_tma must run the shapes it was written for (the generic test accepts a refusal), and
-    the default must be it; the 300-wide row is refused with a reason."""
+    the default must be it; the 300-wide row is refused with a reason, and so is backward_weight where TMA_WGRAD says
+    so."""
     if not _is_sm90():
         pytest.skip("implicit_tma needs an sm_90 GPU")
     shape = TMA_SHAPES[si]
@@ -245,6 +250,14 @@ def test_conv2d_tma_takes_its_shapes(si):
         gx = op.conv2d_backward(g, x, w, st, pad, dil, groups, [True, False, False], "implicit_tma")[0]
         gx0 = op.conv2d_backward(g, x, w, st, pad, dil, groups, [True, False, False], None)[0]
         assert torch.equal(gx, gx0), "the default backward_input is not implicit_tma"
+    wgrad = [False, True, False]
+    if TMA_WGRAD[si]:
+        gw = op.conv2d_backward(g, x, w, st, pad, dil, groups, wgrad, "implicit_tma")[1]
+        gw0 = op.conv2d_backward(g, x, w, st, pad, dil, groups, wgrad, None)[1]
+        assert torch.equal(gw, gw0), "the default backward_weight is not implicit_tma"
+    else:
+        with pytest.raises(ValueError, match="backward_weight needs"):
+            op.conv2d_backward(g, x, w, st, pad, dil, groups, wgrad, "implicit_tma")
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
