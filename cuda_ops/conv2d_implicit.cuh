@@ -2,13 +2,15 @@
 // cuda_ops/conv2d_wgmma.cu on Hopper's wgmma): the GEMMs' parameters (FpropParams for the forward and each stride
 // phase of backward_input, WgradParams for backward_weight), the gathered operand's geometry (Gather, FastDivmod),
 // and the host-side drivers that turn a convolution into those GEMMs: forward_gemm (with the statistics' second
-// pass) and backward_input_gemm (the stride phases and their sub-kernels). Each rung passes its own GEMM launcher.
+// pass) and backward_input_gemm (the stride phases, their sub-kernels, and one zero fill for the phases without a
+// tap). Each rung passes its own GEMM launcher.
 // Internal to those two files (an anonymous namespace: each gets its own copy of the kernels).
 #pragma once
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "common.cuh"
 #include "conv2d.cuh"
@@ -126,6 +128,31 @@ __global__ void conv2d_phase_weight_kernel(Tensor4<const T> w, int64_t kout, int
   }
 }
 
+// backward_input's stride phases with no tap (a kernel smaller than the stride: three of the four phases of a 1x1
+// stride-2 convolution) receive no gradient. Phase (h mod stride_h, w mod stride_w) has none where
+// (h + pad_h) mod stride_h >= taps_r or (w + pad_w) mod stride_w >= taps_s (its first tap r0 is past the kernel),
+// so this one launch zeroes every such pixel of dx, the pixels of all tapless phases together, and leaves the others
+// to the phases' GEMMs. U is the store: 16 bytes (uint4) where dx's channel rows are chunk-aligned, else one element
+// as an integer of its size; dx's strides are in U. blockDim.x threads along a pixel's `units` stores, blockDim.y
+// pixels, the pixels in a grid-stride loop. pixels = N H W and H + pad_h, W + pad_w stay below 2^31 (the implicit
+// rungs' limits), as FastDivmod needs.
+template <typename U>
+__global__ void conv2d_zero_phases_kernel(Tensor4<U> dx, int64_t units, int64_t pixels, FastDivmod hw, FastDivmod w,
+                                          FastDivmod stride_h, FastDivmod stride_w, int pad_h, int pad_w, int taps_r,
+                                          int taps_s) {
+  for (int64_t pix = blockIdx.x * static_cast<int64_t>(blockDim.y) + threadIdx.y; pix < pixels;
+       pix += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    int image, rest, ih, iw, q, rh, rw;
+    hw.divmod(static_cast<int>(pix), image, rest);
+    w.divmod(rest, ih, iw);
+    stride_h.divmod(ih + pad_h, q, rh);
+    stride_w.divmod(iw + pad_w, q, rw);
+    if (rh < taps_r && rw < taps_s) continue;  // a phase with taps: its GEMM writes this pixel
+    U* px = dx.data + image * dx.sn + ih * dx.sh + iw * dx.sw;
+    for (int64_t u = threadIdx.x; u < units; u += blockDim.x) px[u * dx.sc] = U{};
+  }
+}
+
 int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
 // A channels-last activation tensor the 16-byte loads can read: channel stride 1, the channel count and the
@@ -196,13 +223,42 @@ cudaError_t forward_gemm(const Conv2dArgs<T>& a, cudaStream_t stream, void* work
   return cudaGetLastError();
 }
 
-// backward_input as one GEMM per stride phase, each launched by run(params, false, false, stream).
+// Zeroes dx (a.x) at the pixels of the stride phases with no tap: conv2d_zero_phases_kernel, 16-byte stores where
+// chunk_ready allows. taps_r = taps_s = 0 zeroes every pixel. Dilation 1 (the implicit rungs' backward_input).
+template <typename U, typename T>
+cudaError_t launch_zero_phases(const Conv2dArgs<T>& a, int64_t taps_r, int64_t taps_s, cudaStream_t stream) {
+  const Conv2dShape& sh = a.shape;
+  constexpr int64_t kPer = sizeof(U) / sizeof(T);  // elements per store; chunk-aligned strides where above 1
+  const Tensor4<U> dx{reinterpret_cast<U*>(a.x.data), a.x.sn / kPer, kPer == 1 ? a.x.sc : 1, a.x.sh / kPer,
+                      a.x.sw / kPer};
+  const int64_t units = sh.c / kPer, pixels = sh.n * sh.h * sh.w;
+  int lanes = 1;  // threads per pixel: a power of two covering its stores, at most a warp
+  while (lanes < units && lanes < 32) lanes *= 2;
+  const dim3 block(lanes, 256 / lanes);
+  conv2d_zero_phases_kernel<U><<<grid_for(pixels, static_cast<int>(block.y)), block, 0, stream>>>(
+      dx, units, pixels, FastDivmod(static_cast<int>(sh.h * sh.w)), FastDivmod(static_cast<int>(sh.w)),
+      FastDivmod(static_cast<int>(sh.stride_h)), FastDivmod(static_cast<int>(sh.stride_w)),
+      static_cast<int>(sh.pad_h), static_cast<int>(sh.pad_w), static_cast<int>(taps_r), static_cast<int>(taps_s));
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t zero_phases(const Conv2dArgs<T>& a, int64_t taps_r, int64_t taps_s, cudaStream_t stream) {
+  using Element = std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>;
+  return chunk_ready(a.x, a.shape.c) ? launch_zero_phases<uint4>(a, taps_r, taps_s, stream)
+                                     : launch_zero_phases<Element>(a, taps_r, taps_s, stream);
+}
+
+// backward_input as one GEMM per stride phase with taps, each launched by run(params, false, false, stream), and one
+// zero_phases launch for the phases without (none of them a GEMM with k = 0).
 template <typename T, class Run>
 cudaError_t backward_input_gemm(const Conv2dArgs<T>& a, cudaStream_t stream, void* workspace, Run&& run) {
   const Conv2dShape& sh = a.shape;
   if (sh.n == 0 || sh.c == 0 || sh.h == 0 || sh.w == 0) return cudaSuccess;
+  if (sh.k == 0) return zero_phases(a, 0, 0, stream);  // no grad_output channels: dx = 0
   T* wp = static_cast<T*>(workspace);
   const Tensor4<const T> w{a.w.data, a.w.sn, a.w.sc, a.w.sh, a.w.sw};
+  bool tapless = false;  // some phase with pixels has no tap
   for (int ph = 0; ph < sh.stride_h; ++ph) {
     for (int pw = 0; pw < sh.stride_w; ++pw) {
       // Input pixels h = ph + stride_h i take the taps r = r0 + stride_h t (t < tr_count), from dy row
@@ -215,14 +271,16 @@ cudaError_t backward_input_gemm(const Conv2dArgs<T>& a, cudaStream_t stream, voi
       const int64_t ts_count = s0 < sh.s ? (sh.s - s0 + sh.stride_w - 1) / sh.stride_w : 0;
       const int64_t d_h = (ph + sh.pad_h - r0) / sh.stride_h, d_w = (pw + sh.pad_w - s0) / sh.stride_w;
       const int64_t taps = tr_count * ts_count;
-      if (taps > 0) {
-        const int64_t total = sh.c * taps * sh.k;
-        conv2d_phase_weight_kernel<T><<<grid_for(total, 256), 256, 0, stream>>>(
-            w, sh.k, sh.c, static_cast<int>(tr_count), static_cast<int>(ts_count), static_cast<int>(r0),
-            static_cast<int>(s0), static_cast<int>(sh.stride_h), static_cast<int>(sh.stride_w), wp);
-        cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return err;
+      if (taps == 0) {
+        tapless = true;
+        continue;
       }
+      const int64_t total = sh.c * taps * sh.k;
+      conv2d_phase_weight_kernel<T><<<grid_for(total, 256), 256, 0, stream>>>(
+          w, sh.k, sh.c, static_cast<int>(tr_count), static_cast<int>(ts_count), static_cast<int>(r0),
+          static_cast<int>(s0), static_cast<int>(sh.stride_h), static_cast<int>(sh.stride_w), wp);
+      cudaError_t err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
       FpropParams<T> p;
       p.m = static_cast<int>(sh.n * hi * wi);
       p.n = static_cast<int>(sh.c);
@@ -246,12 +304,12 @@ cudaError_t backward_input_gemm(const Conv2dArgs<T>& a, cudaStream_t stream, voi
       p.y_sh = a.x.sh * sh.stride_h;
       p.y_sw = a.x.sw * sh.stride_w;
       p.vec_store = aligned_to(p.y, 4 * sizeof(T)) && p.y_sn % 4 == 0 && p.y_sh % 4 == 0 && p.y_sw % 4 == 0;
-      const cudaError_t err = run(p, false, false, stream);
+      err = run(p, false, false, stream);
       if (err != cudaSuccess) return err;
       wp += align256(static_cast<size_t>(sh.c * taps * sh.k) * sizeof(T)) / sizeof(T);
     }
   }
-  return cudaSuccess;
+  return tapless ? zero_phases(a, sh.r, sh.s, stream) : cudaSuccess;
 }
 
 // The byte strides TMA reads an NHWC-ordered tensor of n x h x w x c elements with: each at most 2^40, a multiple

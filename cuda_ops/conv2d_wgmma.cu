@@ -528,8 +528,9 @@ bool make_tma_maps(const FpropParams<T>& p, int bn, TmaBoxes& geo, CUtensorMap (
   return r == CUDA_SUCCESS;
 }
 
-// implicit_tma's GEMM launcher (the drivers' `run`). A GEMM with no k (a stride phase without taps) only writes
-// act(bias): the gathering kernel does that with no copies.
+// implicit_tma's GEMM launcher (the drivers' `run`). A GEMM with no k (a forward with no input channels; the rung's
+// checks refuse those today, and backward_input zeroes its tapless stride phases without a GEMM) only writes
+// act(bias): the gathering kernel does that with no copies, where an empty dimension has no tensor map.
 template <typename T>
 cudaError_t run_tma_fprop(const FpropParams<T>& p, bool relu, bool stats, cudaStream_t stream) {
   if (p.m == 0 || p.n == 0) return cudaSuccess;

@@ -25,6 +25,8 @@ SHAPES = [
     (2, 5, 7, 5, 6, 3, 3, 2, 1, 1, 1),  # 5 channels, stride 2 on odd sizes
     (3, 8, 6, 6, 16, 1, 1, 1, 0, 1, 1),  # 1x1
     (2, 16, 9, 9, 8, 1, 1, 2, 0, 1, 1),  # 1x1 stride 2
+    (2, 5, 7, 9, 8, 1, 1, 2, 0, 1, 1),  # 1x1 stride 2, 5 channels: tapless phases of unequal sizes, zeroed per element
+    (2, 8, 10, 11, 16, 2, 1, (3, 2), (1, 0), 1, 1),  # kernel below the stride: tapless rows, columns and both
     (2, 3, 15, 13, 16, 7, 7, 2, 3, 1, 1),  # 7x7 stride 2 padding 3 (the ResNet stem)
     (2, 8, 9, 9, 8, 3, 3, 1, 2, 2, 1),  # dilation 2
     (2, 16, 6, 6, 8, 3, 3, 1, 1, 1, 2),  # groups 2
@@ -39,13 +41,15 @@ RESNET_SHAPES = [
 
 # implicit_tma's geometry (at least 64 channels; cuda_ops/conv2d_wgmma.cu): channel and output-channel counts that are
 # not multiples of 64 (TMA's zero fill past C, weight rows past K), several images per tile, row tiles with a partial
-# last one, stride 2 with padding past the kernel's half, a 1x1 stride-2 whose odd input-gradient phases have no tap,
-# dilation, a 250-wide row (one row per tile) and a 300-wide one (too wide for a box: refused, default falls back).
+# last one, stride 2 with padding past the kernel's half, a 1x1 stride-2 whose odd input-gradient phases have no tap
+# (also with 68 channels: grad_input's rows not 16-byte chunks), dilation, a 250-wide row (one row per tile) and a
+# 300-wide one (too wide for a box: refused, default falls back).
 TMA_SHAPES = [
     (3, 72, 5, 7, 80, 3, 3, 1, 1, 1, 1),
     (2, 64, 9, 11, 64, 3, 3, 2, 2, 1, 1),
     (1, 64, 40, 37, 72, 3, 3, 1, 1, 1, 1),
     (3, 64, 11, 9, 128, 1, 1, 2, 0, 1, 1),
+    (2, 68, 9, 7, 64, 1, 1, 2, 0, 1, 1),
     (2, 64, 12, 12, 64, 3, 3, 1, 2, 2, 1),
     (2, 96, 12, 13, 64, 5, 5, 2, 3, 1, 1),
     (1, 64, 6, 250, 64, 3, 3, 1, 1, 1, 1),
