@@ -56,9 +56,10 @@ TMA_SHAPES = [
     (1, 64, 3, 300, 64, 3, 3, 1, 1, 1, 1),
 ]
 # Which of them implicit_tma's backward_weight takes (cuda_ops/conv2d_wgrad_tma.cu: at least 64 channels in and out,
-# R S ceil(C / 64) a multiple of 3, rows of at most 112 pixels): not the 1x1, not the 5x5 over 96 channels (50
+# R S ceil(C / 64) a multiple of 3, rows of at most 112 pixels): not the two 1x1, not the 5x5 over 96 channels (50
 # boxes), not the 250- and 300-wide rows.
-TMA_WGRAD = (True, True, True, False, True, False, False, False)
+TMA_WGRAD = (True, True, True, False, False, True, False, False, False)
+assert len(TMA_WGRAD) == len(TMA_SHAPES)
 
 
 @pytest.fixture(autouse=True)
