@@ -127,57 +127,27 @@ inline bool plan_tma_boxes(int64_t n, int64_t p, int64_t q, int64_t stride_h, in
 
 #if defined(TORCHEXT_WGMMA_DEVICE)
 
-#define TORCHEXT_CONV_WGMMA_N64_D_REGS                                             \
-  "{"                                                                              \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"          \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
-  "}"
-
-#define TORCHEXT_CONV_WGMMA_N64_D_OPERANDS(d)                                                                 \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
-      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),  \
-      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
-      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-
-#define TORCHEXT_CONV_WGMMA_N128_D_REGS                                             \
-  "{"                                                                               \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"           \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"  \
-  "}"
-
-#define TORCHEXT_CONV_WGMMA_N128_D_OPERANDS(d)                                                                \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
-      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),  \
-      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
-      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), \
-      "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), \
-      "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
-      "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), \
-      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-
 // D (64 x N, float) += A (64 x 16) B (16 x N), both K-major in shared memory, one instruction per warpgroup.
 template <typename T, int N>
 struct ConvWgmma;
 
 // One specialization per (type, N): the PTX type name and the register list differ, nothing else. A and B are read
-// from their descriptors (operands N / 2 and N / 2 + 1 after the N / 2 accumulators), scale-d on, no transposes.
-#define TORCHEXT_CONV_WGMMA(T, PTX_TYPE, N, A_OP, B_OP)                                                     \
+// from their descriptors (operands REGS and REGS + 1 after the REGS = N / 2 accumulators), scale-d on, no transposes.
+#define TORCHEXT_CONV_WGMMA(T, PTX_TYPE, N, REGS, A_OP, B_OP)                                                     \
   template <>                                                                                               \
   struct ConvWgmma<T, N> {                                                                                  \
     __device__ __forceinline__ static void run(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) {      \
       asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                              \
                    "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_TYPE "." PTX_TYPE " "             \
-                   TORCHEXT_CONV_WGMMA_N##N##_D_REGS ", " A_OP ", " B_OP ", p, 1, 1, 0, 0;\n}\n"           \
-                   : TORCHEXT_CONV_WGMMA_N##N##_D_OPERANDS(d)                                               \
+                   TORCHEXT_WGMMA_D_REGS_##REGS ", " A_OP ", " B_OP ", p, 1, 1, 0, 0;\n}\n"           \
+                   : TORCHEXT_WGMMA_D_OPERANDS_##REGS(d)                                               \
                    : "l"(desc_a), "l"(desc_b));                                                             \
     }                                                                                                       \
   };
-TORCHEXT_CONV_WGMMA(__nv_bfloat16, "bf16", 128, "%64", "%65")
-TORCHEXT_CONV_WGMMA(__half, "f16", 128, "%64", "%65")
-TORCHEXT_CONV_WGMMA(__nv_bfloat16, "bf16", 64, "%32", "%33")
-TORCHEXT_CONV_WGMMA(__half, "f16", 64, "%32", "%33")
+TORCHEXT_CONV_WGMMA(__nv_bfloat16, "bf16", 128, 64, "%64", "%65")
+TORCHEXT_CONV_WGMMA(__half, "f16", 128, 64, "%64", "%65")
+TORCHEXT_CONV_WGMMA(__nv_bfloat16, "bf16", 64, 32, "%32", "%33")
+TORCHEXT_CONV_WGMMA(__half, "f16", 64, 32, "%32", "%33")
 #undef TORCHEXT_CONV_WGMMA
 
 template <int R>

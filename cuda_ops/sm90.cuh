@@ -18,6 +18,33 @@
 #define TORCHEXT_WGMMA_DEVICE 1
 #endif
 
+// wgmma's accumulators in inline PTX: the register list "{%0, ..., %R-1}" and the operand list "+f"(d[0]), ...,
+// "+f"(d[R-1]) for R = 32, 64, 96 or 128 float registers (m64nNk16 with N = 2 R); the A and B descriptors follow as
+// operands %R and %R+1.
+#define TORCHEXT_WGMMA_REGS_0 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define TORCHEXT_WGMMA_REGS_32 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "  \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define TORCHEXT_WGMMA_REGS_64 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "  \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define TORCHEXT_WGMMA_REGS_96 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "  \
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define TORCHEXT_WGMMA_D_REGS_32 "{" TORCHEXT_WGMMA_REGS_0 "}"
+#define TORCHEXT_WGMMA_D_REGS_64 "{" TORCHEXT_WGMMA_REGS_0 ", " TORCHEXT_WGMMA_REGS_32 "}"
+#define TORCHEXT_WGMMA_D_REGS_96 "{" TORCHEXT_WGMMA_REGS_0 ", " TORCHEXT_WGMMA_REGS_32 ", " TORCHEXT_WGMMA_REGS_64 "}"
+#define TORCHEXT_WGMMA_D_REGS_128 \
+  "{" TORCHEXT_WGMMA_REGS_0 ", " TORCHEXT_WGMMA_REGS_32 ", " TORCHEXT_WGMMA_REGS_64 ", " TORCHEXT_WGMMA_REGS_96 "}"
+#define TORCHEXT_WGMMA_F8(d, i)                                                                                     \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
+      "+f"(d[i + 7])
+#define TORCHEXT_WGMMA_F32(d, i) \
+  TORCHEXT_WGMMA_F8(d, i), TORCHEXT_WGMMA_F8(d, i + 8), TORCHEXT_WGMMA_F8(d, i + 16), TORCHEXT_WGMMA_F8(d, i + 24)
+#define TORCHEXT_WGMMA_D_OPERANDS_32(d) TORCHEXT_WGMMA_F32(d, 0)
+#define TORCHEXT_WGMMA_D_OPERANDS_64(d) TORCHEXT_WGMMA_F32(d, 0), TORCHEXT_WGMMA_F32(d, 32)
+#define TORCHEXT_WGMMA_D_OPERANDS_96(d) TORCHEXT_WGMMA_F32(d, 0), TORCHEXT_WGMMA_F32(d, 32), TORCHEXT_WGMMA_F32(d, 64)
+#define TORCHEXT_WGMMA_D_OPERANDS_128(d) \
+  TORCHEXT_WGMMA_F32(d, 0), TORCHEXT_WGMMA_F32(d, 32), TORCHEXT_WGMMA_F32(d, 64), TORCHEXT_WGMMA_F32(d, 96)
+
 namespace torchext::cuda_ops::sm90 {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
