@@ -23,8 +23,11 @@
 // Requirements (conv2d_tma_wgrad_supported): what implicit_tma's forward needs (an sm_90 GPU, bf16 / fp16, an sm_90a
 // build), what implicit_mma's weight gradient needs of the layouts (x channels-last, dy dense channels-last, dw
 // KRSC, channel counts multiples of 8), at least 64 input and 64 output channels, R S ceil(C / 64) a multiple of 3
-// (3x3 and 7x7 kernels; 1x1 stays on implicit_mma), output rows of at most 112 pixels (Q <= 112, Q stride_w <= 256),
-// strides at most 8.
+// (every 3x3 kernel; a 7x7 or 1x1 one only where ceil(C / 64) is a multiple of 3: the others run on implicit_mma),
+// output rows of at most 112 pixels (Q <= 112, Q stride_w <= 256), strides at most 8.
+//
+// Deterministic: the split count depends on the shape and the GPU's multiprocessor count, so results are the same
+// bits run to run on one GPU model, and may differ in the last bits between models.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -306,12 +309,21 @@ bool plan_wgrad(const Conv2dShape& sh, int sms, WgradTmaPlan& pl) {
   return true;
 }
 
+// x and dy readable as TMA boxes; dw's rows writable as pairs (the epilogue's 4-byte stores of one slot).
 template <typename T>
 bool tma_wgrad_layouts_ok(const Conv2dArgs<T>& a) {
   const Conv2dShape& sh = a.shape;
   cuuint64_t strides[3];
   return tma_strides<T>(sh.c, sh.w, sh.h, sh.n, a.x.sw, a.x.sh, a.x.sn, strides) &&
-         tma_strides<T>(sh.k, sh.q, sh.p, sh.n, a.y.sw, a.y.sh, a.y.sn, strides);
+         tma_strides<T>(sh.k, sh.q, sh.p, sh.n, a.y.sw, a.y.sh, a.y.sn, strides) && (a.w.sn % 2 == 0 || sh.k <= 1) &&
+         aligned_to(a.w.data, 2 * sizeof(T));
+}
+
+// The input rows the convolution reads: the last valid output row's last tap, plus one. x's map ends there, so a
+// k-step's rows past P (a last partial box) read zeros, not image rows no output uses (0 * inf would be NaN).
+inline int64_t rows_read(const Conv2dShape& sh) {
+  const int64_t last = (sh.p - 1) * sh.stride_h - sh.pad_h + (sh.r - 1) * sh.dil_h;
+  return std::clamp<int64_t>(last + 1, 1, sh.h);
 }
 
 template <typename T, int BM>
@@ -341,10 +353,11 @@ bool conv2d_tma_wgrad_supported(const Conv2dArgs<T>& a, const char** why) {
   };
   const Conv2dShape& sh = a.shape;
   if (sh.n * sh.p * sh.q == 0 || sh.k * sh.c * sh.r * sh.s == 0) return true;  // nothing to multiply
+  if (smem_optin() < kSmemBytes) return fail("implicit_tma: the device has too little shared memory");
   WgradTmaPlan pl;
   if (!plan_wgrad(sh, sm_count(), pl)) {
     return fail("implicit_tma: backward_weight needs at least 64 input and output channels, R S ceil(C / 64) a "
-                "multiple of 3 (3x3 and 7x7 kernels), output rows of at most 112 pixels and strides at most 8 "
+                "multiple of 3 (every 3x3 kernel), output rows of at most 112 pixels and strides at most 8 "
                 "(implicit_mma runs the others)");
   }
   if (!tma_wgrad_layouts_ok(a)) return fail("implicit_tma: x and grad_output must be channels-last");
@@ -366,7 +379,8 @@ cudaError_t conv2d_tma_wgrad(const Conv2dArgs<T>& a, cudaStream_t stream, void* 
     const Conv2dShape& sh = a.shape;
     if (sh.k * sh.c * sh.r * sh.s == 0) return cudaSuccess;
     if (sh.n * sh.p * sh.q == 0) {  // no pixels: dw = 0 (KRSC, rows of R S C values dw_lead apart)
-      return cudaMemset2DAsync(a.w.data, a.w.sn * sizeof(T), 0, sh.r * sh.s * sh.c * sizeof(T), sh.k, stream);
+      const size_t row = sh.r * sh.s * sh.c * sizeof(T);
+      return cudaMemset2DAsync(a.w.data, sh.k > 1 ? a.w.sn * sizeof(T) : row, 0, row, sh.k, stream);
     }
     WgradTmaParams<T> p;
     if (!plan_wgrad(sh, sm_count(), p.plan) || !tma_wgrad_layouts_ok(a)) return cudaErrorNotSupported;
@@ -377,7 +391,7 @@ cudaError_t conv2d_tma_wgrad(const Conv2dArgs<T>& a, cudaStream_t stream, void* 
     const WgradTmaPlan& pl = p.plan;
     if (!encode_nhwc_map<T>(maps[0], a.y.data, sh.k, sh.q, sh.p, sh.n, a.y.sw, a.y.sh, a.y.sn, pl.box_q, pl.box_p,
                             pl.box_n, 1, 1) ||
-        !encode_nhwc_map<T>(maps[1], a.x.data, sh.c, sh.w, sh.h, sh.n, a.x.sw, a.x.sh, a.x.sn, pl.box_q, pl.box_p,
+        !encode_nhwc_map<T>(maps[1], a.x.data, sh.c, sh.w, rows_read(sh), sh.n, a.x.sw, a.x.sh, a.x.sn, pl.box_q, pl.box_p,
                             pl.box_n, static_cast<int>(sh.stride_w), static_cast<int>(sh.stride_h))) {
       return cudaErrorNotSupported;
     }

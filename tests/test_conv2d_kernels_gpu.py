@@ -266,6 +266,33 @@ def test_conv2d_tma_takes_its_shapes(si):
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
+def test_conv2d_grad_weight_ignores_unread_rows(variant):
+    """x's row 15 is read by no output (3x3, stride 2, no padding, 16 rows: the last output reads rows 12-14), so an
+    inf there must not reach grad_weight. implicit_tma's weight gradient tiles 7 output rows in boxes of 4, and its
+    phantom 8th row would read row 15: x's tensor map ends at the last row read (cuda_ops/conv2d_wgrad_tma.cu)."""
+    gen = torch.Generator().manual_seed(15)
+    x64 = torch.rand(1, 64, 16, 35, generator=gen, dtype=torch.float64) * 2 - 1
+    w64 = torch.rand(64, 64, 3, 3, generator=gen, dtype=torch.float64) * 2 - 1
+    g64 = torch.rand(1, 64, 7, 17, generator=gen, dtype=torch.float64) * 2 - 1
+    x64[:, :, 15, :] = float("inf")
+    ref = torch.nn.grad.conv2d_weight(x64, w64.shape, g64, stride=2)
+    assert torch.isfinite(ref).all()
+    cl = torch.channels_last
+    x, w, g = (t.to("cuda", torch.bfloat16).contiguous(memory_format=cl) for t in (x64, w64, g64))
+    res = _call(
+        lambda: torch.ops.torchext.conv2d_backward(g, x, w, [2, 2], [0, 0], [1, 1], 1, [False, True, False], variant),
+        variant,
+        "grad_weight, inf in an unread row",
+    )
+    if res is None:
+        return
+    gw = res[1].double().cpu()
+    assert torch.isfinite(gw).all(), f"[{variant}] inf or NaN in grad_weight"
+    ref_bf16 = torch.nn.grad.conv2d_weight(x.double().cpu(), w64.shape, g.double().cpu(), stride=2)
+    assert (gw - ref_bf16).abs().max() <= 2e-2 * ref_bf16.abs().max(), f"[{variant}] grad_weight differs"
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
 @pytest.mark.parametrize("case", ["n0", "k0", "c0"])
 def test_conv2d_empty_sizes(variant, case):
     n, c, k = {"n0": (0, 4, 8), "k0": (2, 4, 0), "c0": (2, 0, 8)}[case]
