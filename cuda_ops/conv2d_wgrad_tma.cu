@@ -271,9 +271,9 @@ bool plan_pixels(const Conv2dShape& sh, WgradTmaPlan& pl) {
   return pl.rows > 0;
 }
 
-// The whole launch: tiles, stages, and the split count that minimizes an estimate of the time (the waves of
-// (tile, split) units times each unit's k-steps, plus writing and reading back the partial sums).
-bool plan_wgrad(const Conv2dShape& sh, int sms, WgradTmaPlan& pl) {
+// The launch's geometry: boxes, tiles, stages; false where the rung cannot run the shape. Cheap: the support checks
+// call it alone; the launch adds plan_splits.
+bool plan_geometry(const Conv2dShape& sh, WgradTmaPlan& pl) {
   if (sh.c < 64 || sh.k < 64) return false;
   pl.chunks = ceil_div(sh.c, 64);
   const int64_t boxes = sh.r * sh.s * pl.chunks;
@@ -291,21 +291,33 @@ bool plan_wgrad(const Conv2dShape& sh, int sms, WgradTmaPlan& pl) {
   pl.stages = std::min(kMaxStages, kStageBudget / pl.stage_bytes);
   if (pl.stages < 2) return false;
   pl.tx_bytes = static_cast<uint32_t>(boxes_per_stage * pl.rows * kRowBytes);
+  return true;
+}
 
-  const int64_t tiles = static_cast<int64_t>(pl.tiles_m) * pl.tiles_n;
+// The split count (at most 1024) that minimizes an estimate of the time: the waves of (tile, split) units times each
+// unit's k-steps, plus writing and reading back the partial sums. Only the smallest split count of each k-steps-per-
+// split value is a candidate, so the walk goes from one such value to the next (about 2 sqrt(steps) candidates).
+void plan_splits(int sms, WgradTmaPlan& pl) {
+  const int64_t tiles = static_cast<int64_t>(pl.tiles_m) * pl.tiles_n, steps = pl.steps_k;
   const double step_us = 2.0 * pl.bm * kBN * pl.bk / 4.5e6;  // one k-step of one tile at ~4.5 TFLOP/s per SM
   const double partial_us_per_slot = 2.0 * 4.0 * pl.k * pl.n / 3.0e6;  // written once, read once, at ~3 TB/s
-  const int64_t most = std::min<int64_t>(pl.steps_k, 1024);
+  const int64_t most = std::min<int64_t>(steps, 1024);
   double best = 1e300;
-  for (int64_t s = 1; s <= most; ++s) {
-    const int64_t per = (pl.steps_k + s - 1) / s;
-    if ((pl.steps_k + per - 1) / per != s) continue;  // the same split as a smaller s
+  for (int64_t s = 1; s <= most;) {
+    const int64_t per = (steps + s - 1) / s;
     const int64_t waves = (tiles * s + sms - 1) / sms;
     const int64_t slots = pl.bm == 64 ? 2 * s : s;
     const double t = waves * per * step_us + (slots > 1 ? slots * partial_us_per_slot : 0.0);
     if (t < best) best = t, pl.splits = static_cast<int>(s), pl.per_split = static_cast<int>(per);
+    if (per == 1) break;
+    s = (steps + per - 2) / (per - 1);  // the smallest split count with fewer k-steps per split
   }
   pl.slots = pl.bm == 64 ? 2 * pl.splits : pl.splits;
+}
+
+bool plan_wgrad(const Conv2dShape& sh, int sms, WgradTmaPlan& pl) {
+  if (!plan_geometry(sh, pl)) return false;
+  plan_splits(sms, pl);
   return true;
 }
 
@@ -355,7 +367,7 @@ bool conv2d_tma_wgrad_supported(const Conv2dArgs<T>& a, const char** why) {
   if (sh.n * sh.p * sh.q == 0 || sh.k * sh.c * sh.r * sh.s == 0) return true;  // nothing to multiply
   if (smem_optin() < kSmemBytes) return fail("implicit_tma: the device has too little shared memory");
   WgradTmaPlan pl;
-  if (!plan_wgrad(sh, sm_count(), pl)) {
+  if (!plan_geometry(sh, pl)) {
     return fail("implicit_tma: backward_weight needs at least 64 input and output channels, R S ceil(C / 64) a "
                 "multiple of 3 (every 3x3 kernel), output rows of at most 112 pixels and strides at most 8 "
                 "(implicit_mma runs the others)");
