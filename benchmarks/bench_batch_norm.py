@@ -36,7 +36,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-from common import CsvWriter, device_time_fn, environment, time_interleaved  # noqa: E402
+from common import CsvWriter, device_kernels, device_time_fn, environment, time_interleaved  # noqa: E402
 
 SHAPES = ("64x32x32", "128x16x16", "256x8x8", "512x4x4")
 FUSED = ("batch_norm_relu", "batch_norm_add_relu")
@@ -96,6 +96,7 @@ def main(argv=None):
     p.add_argument("--no-compile", action="store_true", help="leave out torch.compile (saves its compile time)")
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--profile-reps", type=int, default=10)
+    p.add_argument("--kernels", action="store_true", help="print each provider's kernels (name, calls, us) per run")
     p.add_argument("--out", default="benchmarks/results/batch_norm_gpu.csv")
     args = p.parse_args(argv)
 
@@ -157,6 +158,11 @@ def main(argv=None):
             rate = prob.nbytes / 1e3
             writer.row(op, name, "fwd+bwd", shape, dname, "gpu_bandwidth", "GB/s", rate / gpu[name].p50,
                        rate / gpu[name].p80, rate / gpu[name].p20)  # fmt: skip
+        if args.kernels:
+            for name, step in zip(providers, steps, strict=True):
+                for kname, calls, us in device_kernels(step, device):
+                    print(f"<!-- kernels {op} {'x'.join(map(str, shape))} {dname} {name}: {calls:g} x {us:.1f} us "
+                          f"{kname[:110]} -->")
         ours = gpu["torchext"].p50
         vs_eager = gpu["eager"].p50 / ours
         vs_compile = f"{gpu['compile'].p50 / ours:.2f}" if "compile" in gpu else "n/a"

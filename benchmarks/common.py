@@ -138,6 +138,27 @@ def device_time_fn(fn, device: str, warmup: int = 3, reps: int = 10) -> Timing:
     return quantiles(samples)
 
 
+def device_kernels(fn, device: str, reps: int = 5) -> list:
+    """The kernels fn() puts on the device, as (name, calls per fn(), mean us per call), longest total first: one
+    profiling session over reps back-to-back calls (no L2 flush between them); for the reports' per-kernel
+    breakdowns."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    rows = [
+        (e.key, e.count / reps, e.self_device_time_total / max(e.count, 1))
+        for e in prof.key_averages()
+        if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0
+    ]
+    return sorted(rows, key=lambda r: -r[1] * r[2])
+
+
 def environment(device: str) -> dict:
     """What every CSV row records about the run: device name, torch, CUDA, date and torchext's version ("not
     built" when the package cannot be imported, so torch's own rows can still be written)."""

@@ -26,9 +26,13 @@
 //               (strided in rows x C); elementwise: one thread per 8 elements, the channel computed per element.
 //               Any shape, any alignment.
 //   vectorized  16-byte loads and stores. rows x C (C % 8 == 0): 2-D blocks, threadIdx.x over 8-channel units of a row
-//               (the thread's channels' shift / mean / scale / shift in registers) and threadIdx.y over rows, 4 rows
-//               in flight per thread; the block's rows combined by a fixed shared-memory tree. planes (B % 8 == 0): 8
-//               elements of one plane per load, one channel per unit.
+//               (the thread's channels' coefficients in registers) and threadIdx.y over rows, 4 rows in flight per
+//               thread; the block's rows combined by a fixed shared-memory tree. Written for occupancy, which is what
+//               keeps enough bytes in flight: 32-bit offsets where the tensor allows, the residual a template
+//               parameter, half types' affine maps folded to two (normalize) and three (backward) vectors, registers
+//               capped for 2 blocks per SM, and 264 long reduction blocks per pass (2 per SM on an H200 and H100)
+//               rather than 1024 short ones; the finalize's block is 4 channels x 64 rows of chunks. planes (B % 8 ==
+//               0): 8 elements of one plane per load, one channel per unit.
 //   fused       vectorized's arguments; on rows x C its own kernels (the rest runs vectorized's). The finalize folded
 //               into the reductions: each block writes its partial sums, and the last block of each group of 32
 //               chunks (then the last group) adds them in chunk (group) order, found with integer counters zeroed by a
@@ -56,10 +60,20 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kUnit = 8;                 // elements per mask byte, per vector unit
-constexpr int kIlp = 4;                  // units in flight per thread
-constexpr int64_t kTargetBlocks = 1024;  // reduction blocks per pass: a full wave on 132 SMs at 8 blocks each
+constexpr int kIlp = 4;                  // units in flight per thread (flat and planes kernels)
+constexpr int64_t kTargetBlocks = 1024;  // planes reduction blocks per pass: a full wave on 132 SMs at 8 blocks each
+// rows x C kernels (benchmarks/batch_norm_check.cu sweeps these on the GPU; H200 figures in docs/batch_norm.md):
+// rows in flight per thread (the reductions' forward and backward, the elementwise passes), the blocks per
+// multiprocessor their registers are capped for, and the reduction's blocks per pass. Few long blocks win: at 1024
+// blocks of 4 rows a thread, the block's fixed cost (the shared-memory tree, the partials, the finalize's work per
+// chunk) cost the forward statistics 44 us instead of 31 at 512x64x32x32 bf16 on an H200. A constant, never the
+// GPU's SM count, so the sums' order and bits are the same on every GPU.
+constexpr int kReduceIlpFwd = 4, kReduceIlpBwd = 4, kElemIlp = 4;
+template <typename T>
+constexpr int kRowsMinBlocks = sizeof(T) == 8 ? 1 : 2;  // double's 64-byte units would spill at 2
+constexpr int64_t kRowsReduceBlocks = 264;
 constexpr int64_t kMinItemsPerThread = 4;
-constexpr int kFinalizeCols = 32, kFinalizeRows = 8;
+constexpr int kFinalizeCols = 4, kFinalizeRows = 64;  // 32 x 8 took 22 us for 1024 chunks, 4 x 64 7.5 (H200)
 constexpr int64_t kMaxGridY = 65535;
 constexpr int64_t kMaxGridX = 0x7fffffff;
 
@@ -129,7 +143,8 @@ struct RowsPlan {
   int64_t col_blocks = 0, chunks = 0, rows_per_chunk = 0;
 };
 
-RowsPlan rows_plan(int64_t rows, int64_t c, bool reduction) {
+RowsPlan rows_plan(int64_t rows, int64_t c, bool reduction, int64_t target_blocks = kRowsReduceBlocks,
+                   int64_t items = 0) {
   RowsPlan p;
   const int64_t units = c / kUnit;
   p.bx = 1;
@@ -137,8 +152,9 @@ RowsPlan rows_plan(int64_t rows, int64_t c, bool reduction) {
   p.by = kThreads / p.bx;
   p.col_blocks = ceil_div(units, p.bx);
   if (rows <= 0 || units <= 0) return p;
-  const int64_t want = ceil_div(rows, p.by * (reduction ? kMinItemsPerThread : 2 * kIlp));
-  const int64_t cap = reduction ? std::max<int64_t>(1, kTargetBlocks / p.col_blocks) : kMaxGridY;
+  if (items <= 0) items = reduction ? kMinItemsPerThread : 2 * kIlp;
+  const int64_t want = ceil_div(rows, p.by * items);
+  const int64_t cap = reduction ? std::max<int64_t>(1, target_blocks / p.col_blocks) : kMaxGridY;
   p.chunks = clamp64(want, 1, cap);
   p.rows_per_chunk = ceil_div(rows, p.chunks);
   p.chunks = ceil_div(rows, p.rows_per_chunk);
@@ -194,23 +210,60 @@ struct ReduceIn {
   const acc_t<T>* mean = nullptr;  // backward
 };
 
-template <typename T, bool BWD>
-__global__ void __launch_bounds__(kThreads)
-    reduce_rows_vec_kernel(ReduceIn<T> in, int64_t rows, int64_t C, int64_t rows_per_chunk, int64_t chunks,
-                           acc_t<T>* __restrict__ partial) {
+// N rows of one thread's unit (8 channels), `stride` elements apart (the mask's bytes `mstride` apart), added to its
+// sums in row order. The loads are issued before the first use: N x 16 bytes (x 2 in the backward) in flight.
+template <typename T, bool BWD, int N, typename I>
+__device__ __forceinline__ void reduce_rows_group(const T* __restrict__ xp, const T* __restrict__ gp,
+                                                  const uint8_t* __restrict__ mp, I stride, I mstride,
+                                                  const acc_t<T> (&ref)[kUnit], acc_t<T> (&s0)[kUnit],
+                                                  acc_t<T> (&s1)[kUnit]) {
+  using A = acc_t<T>;
+  T xv[N][kUnit], gv[N][kUnit];
+  uint8_t bits[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    load8(xp + I(i) * stride, xv[i]);
+    if constexpr (BWD) {
+      load8(gp + I(i) * stride, gv[i]);
+      bits[i] = mp != nullptr ? mp[I(i) * mstride] : uint8_t(0xff);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int j = 0; j < kUnit; ++j) {
+      const A d = to_acc<T>(xv[i][j]) - ref[j];
+      if constexpr (BWD) {
+        const A dz = (bits[i] >> j) & 1 ? to_acc<T>(gv[i][j]) : A(0);
+        s0[j] += dz;
+        s1[j] += dz * d;
+      } else {
+        s0[j] += d;
+        s1[j] += d * d;
+      }
+    }
+  }
+}
+
+// rows x C: thread (tx, ty) of block (cb, chunk) sums unit u = cb bx + tx over the chunk's rows ty, ty + by, ...,
+// N rows at a time; the block's rows are combined by a fixed tree over ty. I: the index type (int32_t where
+// rows C fits, which saves registers: occupancy is what keeps enough loads in flight).
+template <typename T, bool BWD, typename I, int N = BWD ? kReduceIlpBwd : kReduceIlpFwd, int MINB = kRowsMinBlocks<T>>
+__global__ void __launch_bounds__(kThreads, MINB)
+    reduce_rows_vec_kernel(ReduceIn<T> in, I rows, I C, I rows_per_chunk, I chunks, acc_t<T>* __restrict__ partial) {
   using A = acc_t<T>;
   __shared__ A sh[2][kThreads * kUnit];
   const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t units = C / kUnit;
-  const int64_t u = int64_t(blockIdx.x) * bx + tx;
-  const int64_t chunk = blockIdx.y;
-  const int64_t r0 = chunk * rows_per_chunk;
-  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  const I units = C / kUnit;
+  const I u = I(blockIdx.x) * bx + tx;
+  const I chunk = blockIdx.y;
+  const I r0 = chunk * rows_per_chunk;
+  const I r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
   A s0[kUnit], s1[kUnit];
 #pragma unroll
   for (int j = 0; j < kUnit; ++j) s0[j] = s1[j] = A(0);
   if (u < units) {
-    const int64_t c0 = u * kUnit;
+    const I c0 = u * kUnit;
     A ref[kUnit];
     if constexpr (BWD) {
 #pragma unroll
@@ -221,37 +274,22 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < kUnit; ++j) ref[j] = to_acc<T>(k[j]);
     }
-    for (int64_t row = r0 + ty; row < r1; row += int64_t(by) * kIlp) {
-      T xv[kIlp][kUnit], gv[kIlp][kUnit];
-      uint8_t bits[kIlp];
-#pragma unroll
-      for (int i = 0; i < kIlp; ++i) {
-        const int64_t r = row + int64_t(i) * by;
-        if (r < r1) {
-          load8(in.x + r * C + c0, xv[i]);
-          if constexpr (BWD) {
-            load8(in.dy + r * C + c0, gv[i]);
-            bits[i] = in.mask != nullptr ? in.mask[r * units + u] : uint8_t(0xff);
-          }
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kIlp; ++i) {
-        if (row + int64_t(i) * by < r1) {
-#pragma unroll
-          for (int j = 0; j < kUnit; ++j) {
-            const A d = to_acc<T>(xv[i][j]) - ref[j];
-            if constexpr (BWD) {
-              const A dz = (bits[i] >> j) & 1 ? to_acc<T>(gv[i][j]) : A(0);
-              s0[j] += dz;
-              s1[j] += dz * d;
-            } else {
-              s0[j] += d;
-              s1[j] += d * d;
-            }
-          }
-        }
-      }
+    I row = r0 + ty;
+    const I stride = I(by) * C, mstride = I(by) * units;
+    const T* xp = in.x + row * C + c0;
+    const T* gp = BWD ? in.dy + row * C + c0 : nullptr;
+    const uint8_t* mp = BWD && in.mask != nullptr ? in.mask + row * units + u : nullptr;
+    for (; row + I(N - 1) * by < r1; row += I(N) * by) {
+      reduce_rows_group<T, BWD, N>(xp, gp, mp, stride, mstride, ref, s0, s1);
+      xp += I(N) * stride;
+      if constexpr (BWD) gp += I(N) * stride;
+      if (mp != nullptr) mp += I(N) * mstride;
+    }
+    for (; row < r1; row += by) {
+      reduce_rows_group<T, BWD, 1>(xp, gp, mp, stride, mstride, ref, s0, s1);
+      xp += stride;
+      if constexpr (BWD) gp += stride;
+      if (mp != nullptr) mp += mstride;
     }
   }
   // The block's rows, combined by a fixed tree over ty.
@@ -273,7 +311,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (ty == 0 && u < units) {
-    const int64_t c0 = u * kUnit;
+    const I c0 = u * kUnit;
 #pragma unroll
     for (int j = 0; j < kUnit; ++j) {
       partial[chunk * C + c0 + j] = sh[0][tx * kUnit + j];
@@ -342,30 +380,35 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Column c's two sums over the chunks, in float64 and a fixed order: warp-row ty adds chunks ty, ty + 8, ..., then
-// row 0 adds the 8 rows in order. Every thread of the block must call it.
-template <typename A>
+// Column c's two sums over the chunks, in float64 and a fixed order: the block is COLS columns x ROWS rows of
+// threads; row ty adds chunks ty, ty + ROWS, ... in order, then a fixed tree over the rows (halves, in shared
+// memory) adds the rows. The result is in row 0. Every thread of the block must call it.
+template <int COLS, int ROWS, typename A>
 __device__ __forceinline__ void chunk_sums(const A* __restrict__ partial, int64_t C, int64_t chunks, int64_t c,
                                            double* s0, double* s1) {
-  __shared__ double sh[2][kFinalizeRows][kFinalizeCols];
+  static_assert((ROWS & (ROWS - 1)) == 0, "ROWS is a power of two");
+  __shared__ double sh[2][ROWS][COLS];
   const int tx = threadIdx.x, ty = threadIdx.y;
   double a0 = 0, a1 = 0;
   if (c < C) {
-    for (int64_t k = ty; k < chunks; k += kFinalizeRows) {
+#pragma unroll 4
+    for (int64_t k = ty; k < chunks; k += ROWS) {
       a0 += static_cast<double>(partial[k * C + c]);
       a1 += static_cast<double>(partial[(chunks + k) * C + c]);
     }
   }
   sh[0][ty][tx] = a0;
   sh[1][ty][tx] = a1;
-  __syncthreads();
-  *s0 = *s1 = 0;
-  if (ty == 0) {
-    for (int r = 0; r < kFinalizeRows; ++r) {
-      *s0 += sh[0][r][tx];
-      *s1 += sh[1][r][tx];
+  for (int half = ROWS / 2; half > 0; half /= 2) {
+    __syncthreads();
+    if (ty < half) {
+      sh[0][ty][tx] += sh[0][ty + half][tx];
+      sh[1][ty][tx] += sh[1][ty + half][tx];
     }
   }
+  __syncthreads();
+  *s0 = sh[0][0][tx];
+  *s1 = sh[1][0][tx];
 }
 
 // --- forward --------------------------------------------------------------------------------------------------------
@@ -414,14 +457,14 @@ __device__ __forceinline__ void finalize_forward_channel(const BatchNormForwardA
   chan[2 * C + c] = static_cast<A>(b);
 }
 
-template <typename T, typename P>
-__global__ void __launch_bounds__(kFinalizeCols* kFinalizeRows)
+template <typename T, typename P, int COLS = kFinalizeCols, int ROWS = kFinalizeRows>
+__global__ void __launch_bounds__(COLS* ROWS)
     finalize_forward_kernel(BatchNormForwardArgs<T, P> args, const acc_t<T>* __restrict__ partial, int64_t chunks,
                             acc_t<T>* __restrict__ chan) {
   const int64_t C = args.shape.c;
-  const int64_t c = int64_t(blockIdx.x) * kFinalizeCols + threadIdx.x;
+  const int64_t c = int64_t(blockIdx.x) * COLS + threadIdx.x;
   double s0, s1;
-  chunk_sums(partial, C, chunks, c, &s0, &s1);
+  chunk_sums<COLS, ROWS>(partial, C, chunks, c, &s0, &s1);
   if (threadIdx.y != 0 || c >= C) return;
   finalize_forward_channel(args, c, s0, s1, chan);
 }
@@ -450,47 +493,103 @@ __device__ __forceinline__ uint8_t normalize_unit(const T (&xv)[kUnit], const T 
   return bits;
 }
 
+// The per-channel affine map of the normalize pass in registers. Half types: v = x a + b with a = scale and
+// b = shift - mean scale, computed once per thread in acc_t (two vectors instead of three: the registers decide the
+// occupancy; the rounding of b is far below the output's); float and double keep (x - mean) scale + shift.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    normalize_rows_vec_kernel(const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ y,
-                              uint8_t* __restrict__ mask, const acc_t<T>* __restrict__ chan, int64_t rows, int64_t C,
-                              int64_t rows_per_chunk, ForwardFlags f) {
-  using A = acc_t<T>;
-  const int bx = blockDim.x, by = blockDim.y;
-  const int64_t units = C / kUnit;
-  const int64_t u = int64_t(blockIdx.x) * bx + threadIdx.x;
-  if (u >= units) return;
-  const int64_t chunk = gridDim.y - 1 - blockIdx.y;  // reverse order: the reduction's last rows are in L2
-  const int64_t r0 = chunk * rows_per_chunk;
-  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
-  const int64_t c0 = u * kUnit;
-  A mean[kUnit], scale[kUnit], shift[kUnit];
+struct NormalizeCoef {
+  static constexpr bool kFold = sizeof(T) == 2;
+  acc_t<T> a[kUnit], b[kUnit], mean[kFold ? 1 : kUnit];
+
+  __device__ __forceinline__ void load(const acc_t<T>* __restrict__ chan, int64_t C, int64_t c0) {
 #pragma unroll
-  for (int j = 0; j < kUnit; ++j) {
-    mean[j] = chan[c0 + j];
-    scale[j] = chan[C + c0 + j];
-    shift[j] = chan[2 * C + c0 + j];
+    for (int j = 0; j < kUnit; ++j) {
+      const acc_t<T> m = chan[c0 + j];
+      a[j] = chan[C + c0 + j];
+      b[j] = chan[2 * C + c0 + j];
+      if constexpr (kFold) {
+        b[j] -= m * a[j];
+      } else {
+        mean[j] = m;
+      }
+    }
   }
-  for (int64_t row = r0 + threadIdx.y; row < r1; row += int64_t(by) * kIlp) {
-    T xv[kIlp][kUnit], rv[kIlp][kUnit];
-#pragma unroll
-    for (int i = 0; i < kIlp; ++i) {
-      const int64_t r = row + int64_t(i) * by;
-      if (r < r1) {
-        load8(x + r * C + c0, xv[i]);
-        if (f.residual) load8(res + r * C + c0, rv[i]);
-      }
+  __device__ __forceinline__ acc_t<T> apply(acc_t<T> x, int j) const {
+    if constexpr (kFold) {
+      return x * a[j] + b[j];
+    } else {
+      return (x - mean[j]) * a[j] + b[j];
     }
+  }
+};
+
+// N rows of one unit: y = act(coef(x) [+ residual]) and the relu mask bytes.
+template <typename T, bool RES, int N, typename I>
+__device__ __forceinline__ void normalize_rows_group(const T* __restrict__ xp, const T* __restrict__ rp,
+                                                     T* __restrict__ yp, uint8_t* __restrict__ mp, I stride,
+                                                     I mstride, const NormalizeCoef<T>& coef, bool relu) {
+  using A = acc_t<T>;
+  T xv[N][kUnit], rv[RES ? N : 1][kUnit];
 #pragma unroll
-    for (int i = 0; i < kIlp; ++i) {
-      const int64_t r = row + int64_t(i) * by;
-      if (r < r1) {
-        T yv[kUnit];
-        const uint8_t bits = normalize_unit(xv[i], rv[i], mean, scale, shift, f, yv);
-        store8(y + r * C + c0, yv);
-        if (f.relu) mask[r * units + u] = bits;
+  for (int i = 0; i < N; ++i) {
+    load8(xp + I(i) * stride, xv[i]);
+    if constexpr (RES) load8(rp + I(i) * stride, rv[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    T yv[kUnit];
+    uint8_t bits = 0;
+#pragma unroll
+    for (int j = 0; j < kUnit; ++j) {
+      A v = coef.apply(to_acc<T>(xv[i][j]), j);
+      if constexpr (RES) v += to_acc<T>(rv[i][j]);
+      if (relu) {
+        bits |= math::relu_bit(v) ? uint8_t(1u << j) : uint8_t(0);
+        v = relu_value(v);
       }
+      yv[j] = from_acc<T>(v);
     }
+    store8(yp + I(i) * stride, yv);
+    if (relu) mp[I(i) * mstride] = bits;
+  }
+}
+
+// rows x C, the tiles of rows_plan(elementwise), chunks in reverse order (the reduction's last rows are in L2).
+template <typename T, bool RES, typename I, int N = kElemIlp, int MINB = kRowsMinBlocks<T>>
+__global__ void __launch_bounds__(kThreads, MINB)
+    normalize_rows_vec_kernel(const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ y,
+                              uint8_t* __restrict__ mask, const acc_t<T>* __restrict__ chan, I rows, I C,
+                              I rows_per_chunk, bool relu) {
+  const int bx = blockDim.x, by = blockDim.y;
+  const I units = C / kUnit;
+  const I u = I(blockIdx.x) * bx + threadIdx.x;
+  if (u >= units) return;
+  const I chunk = I(gridDim.y) - 1 - I(blockIdx.y);
+  const I r0 = chunk * rows_per_chunk;
+  const I r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  const I c0 = u * kUnit;
+  NormalizeCoef<T> coef;
+  coef.load(chan, C, c0);
+  I row = r0 + I(threadIdx.y);
+  const I stride = I(by) * C, mstride = I(by) * units;
+  const I off = row * C + c0;
+  const T* xp = x + off;
+  const T* rp = RES ? res + off : nullptr;
+  T* yp = y + off;
+  uint8_t* mp = relu ? mask + row * units + u : nullptr;
+  for (; row + I(N - 1) * by < r1; row += I(N) * by) {
+    normalize_rows_group<T, RES, N>(xp, rp, yp, mp, stride, mstride, coef, relu);
+    xp += I(N) * stride;
+    if constexpr (RES) rp += I(N) * stride;
+    yp += I(N) * stride;
+    if (relu) mp += I(N) * mstride;
+  }
+  for (; row < r1; row += by) {
+    normalize_rows_group<T, RES, 1>(xp, rp, yp, mp, stride, mstride, coef, relu);
+    xp += stride;
+    if constexpr (RES) rp += stride;
+    yp += stride;
+    if (relu) mp += mstride;
   }
 }
 
@@ -569,14 +668,14 @@ __device__ __forceinline__ void finalize_backward_channel(const BatchNormBackwar
   coef[3 * C + c] = args.save_mean[c];
 }
 
-template <typename T, typename P>
-__global__ void __launch_bounds__(kFinalizeCols* kFinalizeRows)
+template <typename T, typename P, int COLS = kFinalizeCols, int ROWS = kFinalizeRows>
+__global__ void __launch_bounds__(COLS* ROWS)
     finalize_backward_kernel(BatchNormBackwardArgs<T, P> args, const acc_t<T>* __restrict__ partial, int64_t chunks,
                              acc_t<T>* __restrict__ coef) {
   const int64_t C = args.shape.c;
-  const int64_t c = int64_t(blockIdx.x) * kFinalizeCols + threadIdx.x;
+  const int64_t c = int64_t(blockIdx.x) * COLS + threadIdx.x;
   double s0, s1;
-  chunk_sums(partial, C, chunks, c, &s0, &s1);
+  chunk_sums<COLS, ROWS>(partial, C, chunks, c, &s0, &s1);
   if (threadIdx.y != 0 || c >= C) return;
   finalize_backward_channel(args, c, s0, s1, coef);
 }
@@ -600,50 +699,111 @@ __device__ __forceinline__ void backward_unit(const T (&gv)[kUnit], const T (&xv
   }
 }
 
+// The per-channel coefficients of dx in registers. Half types: dx = k dz + m x + c with m = -k q and
+// c = k (q mean - r) (three vectors instead of four, as NormalizeCoef); float and double: k (dz - r - q (x - mean)).
+// Eval (q = r = 0): dx = k dz.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    backward_rows_vec_kernel(const T* __restrict__ dy, const T* __restrict__ x, const uint8_t* __restrict__ mask,
-                             T* __restrict__ dx, T* __restrict__ gres, const acc_t<T>* __restrict__ coef, int64_t rows,
-                             int64_t C, int64_t rows_per_chunk, BackwardFlags f) {
-  using A = acc_t<T>;
-  const int bx = blockDim.x, by = blockDim.y;
-  const int64_t units = C / kUnit;
-  const int64_t u = int64_t(blockIdx.x) * bx + threadIdx.x;
-  if (u >= units) return;
-  const int64_t chunk = gridDim.y - 1 - blockIdx.y;
-  const int64_t r0 = chunk * rows_per_chunk;
-  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
-  const int64_t c0 = u * kUnit;
-  A k[kUnit], q[kUnit], r[kUnit], mean[kUnit];
+struct BackwardCoef {
+  static constexpr bool kFold = sizeof(T) == 2;
+  acc_t<T> k[kUnit], q[kUnit], r[kUnit], mean[kFold ? 1 : kUnit];
+
+  __device__ __forceinline__ void load(const acc_t<T>* __restrict__ coef, int64_t C, int64_t c0) {
 #pragma unroll
-  for (int j = 0; j < kUnit; ++j) {
-    k[j] = coef[c0 + j];
-    q[j] = coef[C + c0 + j];
-    r[j] = coef[2 * C + c0 + j];
-    mean[j] = coef[3 * C + c0 + j];
+    for (int j = 0; j < kUnit; ++j) {
+      k[j] = coef[c0 + j];
+      q[j] = coef[C + c0 + j];
+      r[j] = coef[2 * C + c0 + j];
+      const acc_t<T> m = coef[3 * C + c0 + j];
+      if constexpr (kFold) {
+        r[j] = k[j] * (q[j] * m - r[j]);  // c
+        q[j] = -k[j] * q[j];              // m
+      } else {
+        mean[j] = m;
+      }
+    }
   }
-  for (int64_t row = r0 + threadIdx.y; row < r1; row += int64_t(by) * kIlp) {
-    T gv[kIlp][kUnit], xv[kIlp][kUnit];
-    uint8_t bits[kIlp];
-#pragma unroll
-    for (int i = 0; i < kIlp; ++i) {
-      const int64_t rr = row + int64_t(i) * by;
-      if (rr < r1) {
-        load8(dy + rr * C + c0, gv[i]);
-        if (f.training && f.grad_input) load8(x + rr * C + c0, xv[i]);
-        bits[i] = f.mask ? mask[rr * units + u] : uint8_t(0xff);
-      }
+  __device__ __forceinline__ acc_t<T> apply(acc_t<T> dz, acc_t<T> x, int j) const {
+    if constexpr (kFold) {
+      return k[j] * dz + (q[j] * x + r[j]);
+    } else {
+      return k[j] * (dz - r[j] - q[j] * (x - mean[j]));
     }
+  }
+};
+
+// N rows of one unit: dx and grad_residual (= dz).
+template <typename T, int N, typename I>
+__device__ __forceinline__ void backward_rows_group(const T* __restrict__ gp, const T* __restrict__ xp,
+                                                    const uint8_t* __restrict__ mp, T* __restrict__ dxp,
+                                                    T* __restrict__ gresp, I stride, I mstride,
+                                                    const BackwardCoef<T>& coef, BackwardFlags f) {
+  using A = acc_t<T>;
+  const bool read_x = f.training && f.grad_input;
+  T gv[N][kUnit], xv[N][kUnit];
+  uint8_t bits[N];
 #pragma unroll
-    for (int i = 0; i < kIlp; ++i) {
-      const int64_t rr = row + int64_t(i) * by;
-      if (rr < r1) {
-        T dxv[kUnit], dzv[kUnit];
-        backward_unit(gv[i], xv[i], bits[i], k, q, r, mean, f, dxv, dzv);
-        if (f.grad_input) store8(dx + rr * C + c0, dxv);
-        if (f.grad_residual) store8(gres + rr * C + c0, dzv);
-      }
+  for (int i = 0; i < N; ++i) {
+    load8(gp + I(i) * stride, gv[i]);
+    if (read_x) {
+      load8(xp + I(i) * stride, xv[i]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kUnit; ++j) xv[i][j] = from_acc<T>(A(0));
     }
+    bits[i] = f.mask ? mp[I(i) * mstride] : uint8_t(0xff);
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    T dxv[kUnit], dzv[kUnit];
+#pragma unroll
+    for (int j = 0; j < kUnit; ++j) {
+      const A dz = (bits[i] >> j) & 1 ? to_acc<T>(gv[i][j]) : A(0);
+      dzv[j] = from_acc<T>(dz);
+      dxv[j] = from_acc<T>(f.training ? coef.apply(dz, to_acc<T>(xv[i][j]), j) : coef.k[j] * dz);
+    }
+    if (f.grad_input) store8(dxp + I(i) * stride, dxv);
+    if (f.grad_residual) store8(gresp + I(i) * stride, dzv);
+  }
+}
+
+template <typename T, typename I, int N = kElemIlp, int MINB = kRowsMinBlocks<T>>
+__global__ void __launch_bounds__(kThreads, MINB)
+    backward_rows_vec_kernel(const T* __restrict__ dy, const T* __restrict__ x, const uint8_t* __restrict__ mask,
+                             T* __restrict__ dx, T* __restrict__ gres, const acc_t<T>* __restrict__ coef_in, I rows,
+                             I C, I rows_per_chunk, BackwardFlags f) {
+  const int bx = blockDim.x, by = blockDim.y;
+  const I units = C / kUnit;
+  const I u = I(blockIdx.x) * bx + threadIdx.x;
+  if (u >= units) return;
+  const I chunk = I(gridDim.y) - 1 - I(blockIdx.y);
+  const I r0 = chunk * rows_per_chunk;
+  const I r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  const I c0 = u * kUnit;
+  BackwardCoef<T> coef;
+  coef.load(coef_in, C, c0);
+  I row = r0 + I(threadIdx.y);
+  const I stride = I(by) * C, mstride = I(by) * units;
+  const I off = row * C + c0;
+  const T* gp = dy + off;
+  const T* xp = x + off;
+  T* dxp = dx + off;
+  T* gresp = gres + off;
+  const uint8_t* mp = mask + row * units + u;
+  for (; row + I(N - 1) * by < r1; row += I(N) * by) {
+    backward_rows_group<T, N>(gp, xp, mp, dxp, gresp, stride, mstride, coef, f);
+    gp += I(N) * stride;
+    xp += I(N) * stride;
+    dxp += I(N) * stride;
+    gresp += I(N) * stride;
+    mp += I(N) * mstride;
+  }
+  for (; row < r1; row += by) {
+    backward_rows_group<T, 1>(gp, xp, mp, dxp, gresp, stride, mstride, coef, f);
+    gp += stride;
+    xp += stride;
+    dxp += stride;
+    gresp += stride;
+    mp += mstride;
   }
 }
 
@@ -718,6 +878,12 @@ unsigned flat_grid(int64_t numel) {
 
 size_t align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
 
+// Whether every offset of the tensor (and of the partial sums) fits int32_t: the rows kernels then index in 32 bits.
+bool fits_int32(const BatchNormShape& s) {
+  const int64_t limit = 0x7fffffff;
+  return s.a * s.c * s.b < limit - 16 && 2 * (kRowsReduceBlocks + 1) * s.c < limit;
+}
+
 bool aligned16(const void* p) { return p == nullptr || aligned_to(p, 16); }
 
 template <typename T>
@@ -737,10 +903,19 @@ cudaError_t launch_reduce(Path path, const ReduceIn<T>& in, const BatchNormShape
   if (path == Path::rows) {
     const RowsPlan p = rows_plan(s.a, s.c, true);
     const dim3 grid(static_cast<unsigned>(p.col_blocks), static_cast<unsigned>(p.chunks)), block(p.bx, p.by);
-    if (bwd) {
-      reduce_rows_vec_kernel<T, true><<<grid, block, 0, stream>>>(in, s.a, s.c, p.rows_per_chunk, p.chunks, partial);
+    const auto launch = [&](auto index) {
+      using I = decltype(index);
+      const I rows = I(s.a), c = I(s.c), rpc = I(p.rows_per_chunk), chunks = I(p.chunks);
+      if (bwd) {
+        reduce_rows_vec_kernel<T, true, I><<<grid, block, 0, stream>>>(in, rows, c, rpc, chunks, partial);
+      } else {
+        reduce_rows_vec_kernel<T, false, I><<<grid, block, 0, stream>>>(in, rows, c, rpc, chunks, partial);
+      }
+    };
+    if (fits_int32(s)) {
+      launch(int32_t(0));
     } else {
-      reduce_rows_vec_kernel<T, false><<<grid, block, 0, stream>>>(in, s.a, s.c, p.rows_per_chunk, p.chunks, partial);
+      launch(int64_t(0));
     }
   } else {
     const bool vec = path == Path::planes;
@@ -761,7 +936,7 @@ cudaError_t launch_reduce(Path path, const ReduceIn<T>& in, const BatchNormShape
   return cudaGetLastError();
 }
 
-unsigned finalize_grid(int64_t c) { return static_cast<unsigned>(ceil_div(c, kFinalizeCols)); }
+unsigned finalize_grid(int64_t c, int cols = kFinalizeCols) { return static_cast<unsigned>(ceil_div(c, cols)); }
 
 // Workspace: [partial: 2 chunks C][per-channel: `vectors` x C], each part 16-byte aligned.
 template <typename A>
@@ -1424,9 +1599,23 @@ cudaError_t batch_norm_forward(BatchNormKernel kernel, const BatchNormForwardArg
   const ForwardFlags f{args.residual != nullptr, args.mask != nullptr};
   if (path == Path::rows) {
     const RowsPlan p = rows_plan(s.a, s.c, false);
-    normalize_rows_vec_kernel<T>
-        <<<dim3(static_cast<unsigned>(p.col_blocks), static_cast<unsigned>(p.chunks)), dim3(p.bx, p.by), 0, stream>>>(
-            args.x, args.residual, args.y, args.mask, ws.vectors, s.a, s.c, p.rows_per_chunk, f);
+    const dim3 grid(static_cast<unsigned>(p.col_blocks), static_cast<unsigned>(p.chunks)), block(p.bx, p.by);
+    const auto launch = [&](auto index) {
+      using I = decltype(index);
+      const I rows = I(s.a), c = I(s.c), rpc = I(p.rows_per_chunk);
+      if (f.residual) {
+        normalize_rows_vec_kernel<T, true, I>
+            <<<grid, block, 0, stream>>>(args.x, args.residual, args.y, args.mask, ws.vectors, rows, c, rpc, f.relu);
+      } else {
+        normalize_rows_vec_kernel<T, false, I>
+            <<<grid, block, 0, stream>>>(args.x, args.residual, args.y, args.mask, ws.vectors, rows, c, rpc, f.relu);
+      }
+    };
+    if (fits_int32(s)) {
+      launch(int32_t(0));
+    } else {
+      launch(int64_t(0));
+    }
   } else if (path == Path::planes) {
     normalize_flat_kernel<T, true>
         <<<flat_grid(numel), kThreads, 0, stream>>>(args.x, args.residual, args.y, args.mask, ws.vectors, s, numel, f);
@@ -1467,10 +1656,18 @@ cudaError_t batch_norm_backward(BatchNormKernel kernel, const BatchNormBackwardA
   const BackwardFlags f{args.training, args.grad_input != nullptr, args.grad_residual != nullptr, args.mask != nullptr};
   if (path == Path::rows) {
     const RowsPlan p = rows_plan(s.a, s.c, false);
-    backward_rows_vec_kernel<T>
-        <<<dim3(static_cast<unsigned>(p.col_blocks), static_cast<unsigned>(p.chunks)), dim3(p.bx, p.by), 0, stream>>>(
-            args.grad_out, args.x, args.mask, args.grad_input, args.grad_residual, ws.vectors, s.a, s.c,
-            p.rows_per_chunk, f);
+    const dim3 grid(static_cast<unsigned>(p.col_blocks), static_cast<unsigned>(p.chunks)), block(p.bx, p.by);
+    const auto launch = [&](auto index) {
+      using I = decltype(index);
+      backward_rows_vec_kernel<T, I><<<grid, block, 0, stream>>>(args.grad_out, args.x, args.mask, args.grad_input,
+                                                                 args.grad_residual, ws.vectors, I(s.a), I(s.c),
+                                                                 I(p.rows_per_chunk), f);
+    };
+    if (fits_int32(s)) {
+      launch(int32_t(0));
+    } else {
+      launch(int64_t(0));
+    }
   } else if (path == Path::planes) {
     backward_flat_kernel<T, true><<<flat_grid(numel), kThreads, 0, stream>>>(
         args.grad_out, args.x, args.mask, args.grad_input, args.grad_residual, ws.vectors, s, numel, f);

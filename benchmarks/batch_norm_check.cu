@@ -1,0 +1,233 @@
+// Batch norm's channels-last (rows x C) kernels, kernel by kernel, against the machine's read and copy bandwidth, in
+// one process without torch: the plan knobs of cuda_ops/batch_norm.cu (reduction blocks per pass, loads in flight,
+// rows per thread of the elementwise passes, the finalize's block shape) swept at ResNet-18's BatchNorm shapes
+// (batch 512, bf16). Each time is the median of 15 runs with L2 flushed before each (CUDA events). The statistics are
+// checked against a float64 host reference for every reduction plan.
+//
+//   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I cuda_ops \
+//        benchmarks/batch_norm_check.cu cuda_ops/common.cu -o /tmp/batch_norm_check && /tmp/batch_norm_check
+#include "../cuda_ops/batch_norm.cu"  // the anonymous namespace's kernels and plans
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <vector>
+
+using namespace torchext::cuda_ops;
+
+#define CK(x)                                                                                \
+  do {                                                                                       \
+    cudaError_t e = (x);                                                                     \
+    if (e != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
+      std::exit(1);                                                                          \
+    }                                                                                        \
+  } while (0)
+
+namespace bn_check {
+
+using T = __nv_bfloat16;
+char* g_flush = nullptr;
+constexpr size_t kFlush = 256u << 20;
+
+float median_us(const std::function<void()>& fn, int reps = 15) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  fn();
+  std::vector<float> t;
+  for (int r = 0; r < reps; ++r) {
+    CK(cudaMemsetAsync(g_flush, r, kFlush));
+    CK(cudaEventRecord(a));
+    fn();
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1e3f);
+  }
+  CK(cudaGetLastError());
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+__global__ void read_sum_kernel(const uint4* __restrict__ p, int64_t n, float* out) {
+  float acc = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint4 v = p[i];
+    acc += __uint_as_float(v.x) + __uint_as_float(v.y) + __uint_as_float(v.z) + __uint_as_float(v.w);
+  }
+  if (acc == 1.2345f) *out = acc;  // keeps the loads
+}
+
+template <int ILP, int MINB>
+void launch_reduce_plan(const ReduceIn<T>& in, int64_t rows, int64_t C, const RowsPlan& p, bool bwd, float* partial) {
+  const dim3 grid(unsigned(p.col_blocks), unsigned(p.chunks)), block(p.bx, p.by);
+  if (bwd) {
+    reduce_rows_vec_kernel<__nv_bfloat16, true, int32_t, ILP, MINB>
+        <<<grid, block>>>(in, int32_t(rows), int32_t(C), int32_t(p.rows_per_chunk), int32_t(p.chunks), partial);
+  } else {
+    reduce_rows_vec_kernel<__nv_bfloat16, false, int32_t, ILP, MINB>
+        <<<grid, block>>>(in, int32_t(rows), int32_t(C), int32_t(p.rows_per_chunk), int32_t(p.chunks), partial);
+  }
+}
+
+// (ILP, MINB) pairs swept: loads in flight per thread, and the blocks per SM the registers are capped for.
+constexpr int kConfigs[][2] = {{4, 1}, {4, 2}, {4, 3}, {2, 3}, {2, 4}, {8, 1}, {8, 2}};
+
+template <int I = 0>
+void reduce_config(int k, const ReduceIn<T>& in, int64_t rows, int64_t C, const RowsPlan& p, bool bwd,
+                   float* partial) {
+  if constexpr (I < int(sizeof(kConfigs) / sizeof(kConfigs[0]))) {
+    if (k == I) return launch_reduce_plan<kConfigs[I][0], kConfigs[I][1]>(in, rows, C, p, bwd, partial);
+    reduce_config<I + 1>(k, in, rows, C, p, bwd, partial);
+  }
+}
+
+template <int I = 0>
+void elementwise_config(int k, bool bwd, const T* x, const T* g, T* y, uint8_t* mask, const float* chan,
+                        int64_t rows, int64_t C, const RowsPlan& p) {
+  if constexpr (I < int(sizeof(kConfigs) / sizeof(kConfigs[0]))) {
+    if (k == I) {
+      const dim3 grid(unsigned(p.col_blocks), unsigned(p.chunks)), block(p.bx, p.by);
+      constexpr int ILP = kConfigs[I][0], MINB = kConfigs[I][1];
+      if (bwd) {
+        backward_rows_vec_kernel<__nv_bfloat16, int32_t, ILP, MINB><<<grid, block>>>(
+            g, x, mask, y, nullptr, chan, int32_t(rows), int32_t(C), int32_t(p.rows_per_chunk),
+            BackwardFlags{true, true, false, true});
+      } else {
+        normalize_rows_vec_kernel<__nv_bfloat16, false, int32_t, ILP, MINB>
+            <<<grid, block>>>(x, nullptr, y, mask, chan, int32_t(rows), int32_t(C), int32_t(p.rows_per_chunk), true);
+      }
+      return;
+    }
+    elementwise_config<I + 1>(k, bwd, x, g, y, mask, chan, rows, C, p);
+  }
+}
+
+template <int COLS, int ROWS>
+void launch_finalize(const BatchNormForwardArgs<T, float>& args, const float* partial, int64_t chunks, float* chan) {
+  finalize_forward_kernel<__nv_bfloat16, float, COLS, ROWS>
+      <<<finalize_grid(args.shape.c, COLS), dim3(COLS, ROWS)>>>(args, partial, chunks, chan);
+}
+
+}  // namespace bn_check
+
+using namespace bn_check;
+
+int main() {
+  int dev = 0;
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, dev));
+  std::printf("# batch_norm_check on %s (%d SMs), bf16, batch 512, channels-last\n\n", prop.name,
+              prop.multiProcessorCount);
+  CK(cudaMalloc(&g_flush, kFlush));
+  const int64_t shapes[][2] = {{512 * 32 * 32, 64}, {512 * 16 * 16, 128}, {512 * 8 * 8, 256}, {512 * 4 * 4, 512}};
+  std::mt19937 rng(0);
+  for (auto& sh : shapes) {
+    const int64_t rows = sh[0], C = sh[1], E = rows * C;
+    std::vector<T> hx(E), hg(E);
+    std::vector<uint8_t> hm(E / 8);
+    std::normal_distribution<float> nd(0.5f, 1.f);
+    for (int64_t i = 0; i < E; ++i) {
+      hx[i] = __float2bfloat16(nd(rng));
+      hg[i] = __float2bfloat16(nd(rng));
+    }
+    for (auto& m : hm) m = uint8_t(rng());
+    T *x, *g, *y;
+    uint8_t* mask;
+    float *mean, *partial, *chan, *save_mean, *save_invstd, *out;
+    CK(cudaMalloc(&x, E * sizeof(T)));
+    CK(cudaMalloc(&g, E * sizeof(T)));
+    CK(cudaMalloc(&y, E * sizeof(T)));
+    CK(cudaMalloc(&mask, E / 8));
+    CK(cudaMalloc(&mean, C * sizeof(float)));
+    CK(cudaMalloc(&partial, 2 * 8192 * C * sizeof(float)));
+    CK(cudaMalloc(&chan, 4 * C * sizeof(float)));
+    CK(cudaMalloc(&save_mean, C * sizeof(float)));
+    CK(cudaMalloc(&save_invstd, C * sizeof(float)));
+    CK(cudaMalloc(&out, sizeof(float)));
+    CK(cudaMemcpy(x, hx.data(), E * sizeof(T), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(g, hg.data(), E * sizeof(T), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(mask, hm.data(), E / 8, cudaMemcpyHostToDevice));
+    CK(cudaMemset(mean, 0, C * sizeof(float)));
+    // float64 host reference of the means
+    std::vector<double> ref(C, 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < C; ++c) ref[c] += __bfloat162float(hx[r * C + c]);
+    for (auto& v : ref) v /= double(rows);
+
+    const double mb = double(E) * sizeof(T) / 1e6;
+    std::printf("## %lld x %lld (one tensor %.1f MB)\n\n", (long long)rows, (long long)C, mb);
+    const float t_read = median_us([&] {
+      read_sum_kernel<<<prop.multiProcessorCount * 8, 256>>>(reinterpret_cast<const uint4*>(x), E * 2 / 16, out);
+    });
+    const float t_copy = median_us([&] { CK(cudaMemcpyAsync(y, x, E * sizeof(T), cudaMemcpyDeviceToDevice)); });
+    std::printf("read one tensor: %.1f us (%.0f GB/s); copy one tensor: %.1f us (%.0f GB/s moved)\n\n", t_read,
+                mb / t_read * 1e3, t_copy, 2 * mb / t_copy * 1e3);
+
+    BatchNormForwardArgs<T, float> fa;
+    fa.shape = {rows, C, 1};
+    fa.x = x;
+    fa.y = y;
+    fa.save_mean = save_mean;
+    fa.save_invstd = save_invstd;
+    std::printf("| pass | target blocks | config | chunks | us | GB/s | max mean err |\n|---|---|---|---|---|---|---|\n");
+    for (int bwd = 0; bwd < 2; ++bwd) {
+      for (int64_t target : {264, 396, 528, 792, 1056, 1584}) {
+        for (int k = 0; k < int(sizeof(kConfigs) / sizeof(kConfigs[0])); ++k) {
+          const int64_t items = 4;
+          const RowsPlan p = rows_plan(rows, C, true, target, items);
+          ReduceIn<T> in;
+          in.x = x;
+          if (bwd) {
+            in.dy = g;
+            in.mask = mask;
+            in.mean = mean;
+          }
+          auto run = [&] { reduce_config(k, in, rows, C, p, bwd, partial); };
+          const float t = median_us(run);
+          double err = 0;
+          if (!bwd) {
+            run();
+            launch_finalize<8, 32>(fa, partial, p.chunks, chan);
+            std::vector<float> hmean(C);
+            CK(cudaMemcpy(hmean.data(), save_mean, C * sizeof(float), cudaMemcpyDeviceToHost));
+            for (int64_t c = 0; c < C; ++c) err = std::max(err, std::fabs(hmean[c] - ref[c]));
+          }
+          std::printf("| %s reduce | %lld | ILP %d MINB %d | %lld | %.1f | %.0f | %.2e |\n", bwd ? "bwd" : "fwd",
+                      (long long)target, kConfigs[k][0], kConfigs[k][1], (long long)p.chunks, t,
+                      (bwd ? 2 : 1) * mb / t * 1e3, err);
+        }
+      }
+    }
+    // the finalize: the current block shape and taller ones, at the default plan's chunk count and at 256
+    for (int64_t chunks : {rows_plan(rows, C, true).chunks, int64_t(256)}) {
+      const float t32x8 = median_us([&] { launch_finalize<32, 8>(fa, partial, chunks, chan); });
+      const float t8x32 = median_us([&] { launch_finalize<8, 32>(fa, partial, chunks, chan); });
+      const float t4x64 = median_us([&] { launch_finalize<4, 64>(fa, partial, chunks, chan); });
+      const float t2x128 = median_us([&] { launch_finalize<2, 128>(fa, partial, chunks, chan); });
+      std::printf("\nfinalize, %lld chunks: 32x8 %.1f us, 8x32 %.1f us, 4x64 %.1f us, 2x128 %.1f us\n",
+                  (long long)chunks, t32x8, t8x32, t4x64, t2x128);
+    }
+    // elementwise passes: rows per thread
+    std::printf("\n| pass | rows/thread | config | chunks | us | GB/s |\n|---|---|---|---|---|---|\n");
+    for (int bwd = 0; bwd < 2; ++bwd) {
+      for (int64_t items : {8, 16, 32}) {
+        for (int k = 0; k < int(sizeof(kConfigs) / sizeof(kConfigs[0])); ++k) {
+          const RowsPlan p = rows_plan(rows, C, false, kTargetBlocks, items);
+          const float t = median_us([&] { elementwise_config(k, bwd, x, g, y, mask, chan, rows, C, p); });
+          std::printf("| %s | %lld | ILP %d MINB %d | %lld | %.1f | %.0f |\n", bwd ? "backward" : "normalize",
+                      (long long)items, kConfigs[k][0], kConfigs[k][1], (long long)p.chunks, t,
+                      ((bwd ? 3 : 2) * mb + mb / 16) / t * 1e3);
+        }
+      }
+    }
+    std::printf("\n");
+    for (void* p : {(void*)x, (void*)g, (void*)y, (void*)mask, (void*)mean, (void*)partial, (void*)chan,
+                    (void*)save_mean, (void*)save_invstd, (void*)out})
+      CK(cudaFree(p));
+  }
+  return 0;
+}
