@@ -154,10 +154,11 @@ def _f64(t):
 # Comparing
 
 
-def assert_matches_torch(ours, theirs, reference, what, tensor_scale=False):
+def assert_matches_torch(ours, theirs, reference, what, tensor_scale=False, floor_factor=1.0):
     """ours against torch's result and a float64 reference (computed by torch, rounded to ours' dtype). Errors are
     relative to max(1, |reference|) per element, or to the largest finite |reference| where `tensor_scale` (for
-    products, whose elements may cancel to far less than their terms)."""
+    products, whose elements may cancel to far less than their terms). The bound is twice torch's error, at least the
+    dtype's floor times `floor_factor` (for sums of many terms, whose rounding depends on the order of the terms)."""
     assert isinstance(ours, torch.Tensor), f"[{what}] result is {type(ours).__name__}"
     assert ours.shape == theirs.shape, f"[{what}] shape {tuple(ours.shape)} != torch's {tuple(theirs.shape)}"
     assert ours.dtype == theirs.dtype, f"[{what}] dtype {ours.dtype} != torch's {theirs.dtype}"
@@ -196,7 +197,7 @@ def assert_matches_torch(ours, theirs, reference, what, tensor_scale=False):
         scale = torch.full_like(r, max(1.0, r[r_fin].abs().max().item() if r_fin.any() else 1.0))
     both = check & t_fin
     torch_rel = ((t - r).abs() / scale)[both].max().item() if both.any() else 0.0
-    bound = max(2.0 * torch_rel, ERROR_FLOOR[dtype])
+    bound = max(2.0 * torch_rel, ERROR_FLOOR[dtype] * floor_factor)
     rel = (o - r).abs() / scale
     bad = check & (rel > bound)
     assert not bad.any(), (
@@ -225,10 +226,10 @@ def _call(fn, *args, **kwargs):
             return e
 
 
-def check_op(what, ours_fn, torch_fn, args, kwargs=None, grad_args=(), tensor_scale=False):
+def check_op(what, ours_fn, torch_fn, args, kwargs=None, grad_args=(), tensor_scale=False, floor_factor=1.0):
     """Runs ours_fn and torch_fn on args (tensors in their layouts) and compares results and the gradients with
     respect to args[i] for i in grad_args, each against torch and a float64 reference; inputs must not change.
-    If torch raises, ours must raise the same exception class."""
+    If torch raises, ours must raise the same exception class. floor_factor: assert_matches_torch's."""
     kwargs = kwargs or {}
     leaves = list(args)
     for i in grad_args:
@@ -249,7 +250,7 @@ def check_op(what, ours_fn, torch_fn, args, kwargs=None, grad_args=(), tensor_sc
     kwargs64 = {k: _f64(v) for k, v in kwargs.items()}
     reference = _call(torch_fn, *leaves64, **kwargs64)
     assert not isinstance(reference, Exception), f"[{what}] the float64 reference raised {reference!r}"
-    assert_matches_torch(ours, theirs, reference, f"{what} forward", tensor_scale)
+    assert_matches_torch(ours, theirs, reference, f"{what} forward", tensor_scale, floor_factor)
     if grad_args and ours.requires_grad:
         dtype = ours.dtype
         g = (torch.rand(ours.shape, dtype=torch.float64) + 0.5).to(device=ours.device, dtype=dtype)
@@ -260,7 +261,7 @@ def check_op(what, ours_fn, torch_fn, args, kwargs=None, grad_args=(), tensor_sc
         for i, gi, gt, gr in zip(grad_args, grads, grads_torch, grads_ref):
             # An input the result does not depend on has no gradient (None): that is a zero gradient.
             gi, gt, gr = (torch.zeros_like(leaves[i]) if v is None else v for v in (gi, gt, gr))
-            assert_matches_torch(gi, gt, gr, f"{what} grad of argument {i}", tensor_scale)
+            assert_matches_torch(gi, gt, gr, f"{what} grad of argument {i}", tensor_scale, floor_factor)
     _assert_unmodified(snapshot, what)
 
 
@@ -572,7 +573,15 @@ def test_conv2d_matches_torch(device, data):
 
     grad_args = (0, 1) if bias is None else (0, 1, 2)
     what = f"conv2d input {tuple(x.shape)} weight {tuple(w.shape)} {opts} bias={bias is not None} {activation} {dtype}"
-    check_op(what, ours, theirs, (x, w, bias), grad_args=grad_args, tensor_scale=True)
+    # tf32 off for cuDNN and torchext alike, as in test_conv2d.py: with it allowed (torch's default for cuDNN) ours
+    # runs float32 as tf32 and cuDNN picks tf32 or not per shape, so the two errors are not comparable (found on an
+    # H200: a 1x1x1x1 float32 convolution at 2.5e-5 against cuDNN's exact product). test_conv2d_cuda_tf32 covers tf32.
+    allow = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        check_op(what, ours, theirs, (x, w, bias), grad_args=grad_args, tensor_scale=True)
+    finally:
+        torch.backends.cudnn.allow_tf32 = allow
 
 
 @pytest.mark.parametrize("device", device_params())
@@ -617,7 +626,18 @@ def test_batch_norm_matches_torch(device, data):
 
     grad_args = (0,) + ((1,) if kind == "add_relu" else ()) + ((2, 3) if affine else ())
     what = f"batch_norm {kind} input {tuple(x.shape)} training={training} affine={affine} buffers={buffers} {dtype}"
-    check_op(what, lambda *a: run("torchext", *a), lambda *a: run("torch", *a), (x, r, w, b), grad_args=grad_args)
+    # The statistics and the weight and bias gradients are sums over each channel's n elements, added in another
+    # order than torch's: their rounding grows like sqrt(n) (found on an H200: grad_weight of a (5, 3, 3) float32
+    # input at 2.5e-6 against the 2e-6 floor, torch's 5.7e-7).
+    n = max(1, x.numel() // max(1, c))
+    check_op(
+        what,
+        lambda *a: run("torchext", *a),
+        lambda *a: run("torch", *a),
+        (x, r, w, b),
+        grad_args=grad_args,
+        floor_factor=n**0.5,
+    )
     if buffers and training and (("torchext", dtype) in seen) and (("torch", dtype) in seen):
         reference = seen.get(("torch", torch.float64), seen[("torch", dtype)])
         for i, name in enumerate(("running_mean", "running_var")):
