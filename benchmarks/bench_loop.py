@@ -17,6 +17,8 @@ SGD Nesterov + one-cycle, label smoothing 0.1; cnn_cifar batch 128, float32, Ada
   loop      the same with the loader the tool builds (``_train_loader``: ``chunk`` batches prepared at once)
   epoch     whole epochs of the tool's ``_train_epoch`` (``--epoch-images`` images each), the memory reset before
             and the synchronizations around it included: its time per step is the tool's epoch time over its steps
+  epoch_keep  the same epochs (alternated with ``epoch``) with the allocator's cache kept: the memory reset's
+            ``torch.cuda.empty_cache()`` left out, the peaks still reset
 
 So ``step`` - ``bare`` is the tool's bookkeeping per step, ``loop`` - ``step`` the loader, ``epoch`` - ``loop`` what
 an epoch costs around its steps (the emptied allocator cache refilled, the epoch's plan, the synchronizations).
@@ -36,6 +38,7 @@ import itertools
 import os
 import sys
 import time
+from unittest import mock
 
 import torch
 
@@ -46,6 +49,7 @@ from common import CsvWriter, Timing, environment, quantiles  # noqa: E402
 from torchext import profiling  # noqa: E402
 from torchext.compare import ONECYCLE_WARMUP, CompareConfig  # noqa: E402
 from torchext.compare.devices import _Dist  # noqa: E402
+from torchext.compare import train  # noqa: E402
 from torchext.compare.train import _contenders, _models, _train_batch, _train_epoch, _train_loader  # noqa: E402
 from torchext.data import GPULoader  # noqa: E402
 
@@ -185,20 +189,34 @@ def bench_model(model: str, args, device: torch.device, writer: CsvWriter) -> di
             us = gpu_us_per_step(fns[(provider, loop)], args.profile_steps, device)
             if us is not None:
                 out[(provider, loop)]["gpu_time"] = Timing(us, us, us)
-    # Whole epochs last: each empties the allocator's cache, which the loops above would then pay for.
+    # Whole epochs last: each empties the allocator's cache, which the loops above would then pay for. Two kinds,
+    # alternated: as the tool runs them, and with the cache kept (peaks reset only), to tell the reset's cost apart.
     for provider, c in contenders.items():
-        per_step = []
+        per_step = {"epoch": [], "epoch_keep": []}
         for epoch in range(args.epochs):
-            record = _train_epoch(c, epoch_loader, epoch, 0, cfg, device, dist, False)
-            per_step.append(record["epoch_time_s"] * 1e6 / (record["images"] / cfg.batch_size))
-        t = stats(per_step)
-        out[(provider, "epoch")] = {"wall_time": t, "step_time": t}
+            for i, kind in enumerate(("epoch_keep", "epoch")):
+                start = _memory_start_keeping_cache if kind == "epoch_keep" else train._memory_start
+                with mock.patch.object(train, "_memory_start", start):
+                    record = _train_epoch(c, epoch_loader, 2 * epoch + i, 0, cfg, device, dist, False)
+                per_step[kind].append(record["epoch_time_s"] * 1e6 / (record["images"] / cfg.batch_size))
+        for kind, samples in per_step.items():
+            t = stats(samples)
+            out[(provider, kind)] = {"wall_time": t, "step_time": t}
     shape = (cfg.batch_size, 3, 32, 32)
     dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(cfg.amp, "float32")
     for (provider, loop), metrics in out.items():
         for metric, t in metrics.items():
             writer.row(model, provider, loop, shape, dtype, metric, "us", t.p50, t.p20, t.p80)
     return {"cfg": cfg, "timings": out, "epoch_steps": len(epoch_loader)}
+
+
+def _memory_start_keeping_cache(device: torch.device) -> int:
+    """torchext.compare.train._memory_start without its torch.cuda.empty_cache(): the peaks reset only."""
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
 
 
 def _ms(t: Timing | None) -> str:
@@ -220,6 +238,7 @@ def render(results: dict, env: dict, args) -> str:
         "loop_c1": "tool's iteration + GPULoader, chunk 1 (before)",
         "loop": "tool's iteration + GPULoader as the tool builds it",
         "epoch": "tool's _train_epoch (its reported epoch time / steps)",
+        "epoch_keep": "the same epoch without emptying the allocator's cache first",
     }
     for model, r in results.items():
         cfg, t = r["cfg"], r["timings"]
@@ -231,7 +250,7 @@ def render(results: dict, env: dict, args) -> str:
             "| loop | stock step | x bare | torchext step | x bare | stock host | torchext host |",
             "|---|---|---|---|---|---|---|",
         ]
-        for loop in (*LOOPS, "epoch"):
+        for loop in (*LOOPS, "epoch", "epoch_keep"):
             cells = []
             for provider in PROVIDERS:
                 m = t[(provider, loop)]

@@ -120,7 +120,7 @@ def test_loop_benchmark_runs_on_the_cpu(tmp_path, capsys):
     for provider in ("stock", "torchext"):
         for loop in ("bare", "step", "loop_c1", "loop"):
             assert {(provider, loop, m) for m in ("step_time", "host_time", "wall_time")} <= seen, (provider, loop)
-        assert (provider, "epoch", "wall_time") in seen
+        assert (provider, "epoch", "wall_time") in seen and (provider, "epoch_keep", "wall_time") in seen
     assert all(float(c["p50"]) > 0 and c["op"] == "mlp" and c["shape"] == "8x3x32x32" for c in cells)
     table = capsys.readouterr().out
     assert "## mlp: batch 8" in table and "tool's iteration + GPULoader, chunk 1 (before)" in table, table
