@@ -237,8 +237,9 @@ def _is_sm90():
 @pytest.mark.parametrize("si", range(len(TMA_SHAPES)))
 def test_conv2d_tma_takes_its_shapes(si):
     """On an sm_90 GPU implicit_tma must run the shapes it was written for (the generic test accepts a refusal), and
-    the default must be it; the 300-wide row is refused with a reason, and so is backward_weight where TMA_WGRAD says
-    so."""
+    the default must be it, except for a 1x1 stride-2 forward, where the default is implicit_mma (faster there:
+    cuda_ops/conv2d.cu, strided_pointwise_forward); the 300-wide row is refused with a reason, and so is
+    backward_weight where TMA_WGRAD says so."""
     if not _is_sm90():
         pytest.skip("implicit_tma needs an sm_90 GPU")
     shape = TMA_SHAPES[si]
@@ -250,7 +251,12 @@ def test_conv2d_tma_takes_its_shapes(si):
             op.conv2d(x, w, b, st, pad, dil, groups, "none", "implicit_tma")
         return
     y = op.conv2d(x, w, b, st, pad, dil, groups, "none", "implicit_tma")
-    assert torch.equal(y, op.conv2d(x, w, b, st, pad, dil, groups, "none", None)), "the default is not implicit_tma"
+    default = op.conv2d(x, w, b, st, pad, dil, groups, "none", None)
+    if shape[5] == shape[6] == 1 and shape[7] > 1:
+        y_mma = op.conv2d(x, w, b, st, pad, dil, groups, "none", "implicit_mma")
+        assert torch.equal(y_mma, default), "the default 1x1 stride-2 forward is not implicit_mma"
+    else:
+        assert torch.equal(y, default), "the default is not implicit_tma"
     if dil == [1, 1]:
         gx = op.conv2d_backward(g, x, w, st, pad, dil, groups, [True, False, False], "implicit_tma")[0]
         gx0 = op.conv2d_backward(g, x, w, st, pad, dil, groups, [True, False, False], None)[0]
