@@ -29,9 +29,8 @@
 //               (the thread's channels' coefficients in registers) and threadIdx.y over rows, 4 rows in flight per
 //               thread; the block's rows combined by a fixed shared-memory tree. Written for occupancy, which is what
 //               keeps enough bytes in flight: 32-bit offsets where the tensor allows, the residual a template
-//               parameter, half types' affine maps folded to two (normalize) and three (backward) vectors, registers
-//               capped for 2 blocks per SM, and 264 long reduction blocks per pass (2 per SM on an H200 and H100)
-//               rather than 1024 short ones; the finalize's block is 4 channels x 64 rows of chunks. planes (B % 8 ==
+//               parameter, registers capped for 2 blocks per SM (3 for half types' normalize), and 264 long
+//               reduction blocks per pass (2 per SM on an H200 and H100) rather than 1024 short ones; the finalize's block is 4 channels x 64 rows of chunks. planes (B % 8 ==
 //               0): 8 elements of one plane per load, one channel per unit.
 //   fused       vectorized's arguments; on rows x C its own kernels (the rest runs vectorized's). The finalize folded
 //               into the reductions: each block writes its partial sums, and the last block of each group of 32
@@ -71,6 +70,8 @@ constexpr int64_t kTargetBlocks = 1024;  // planes reduction blocks per pass: a 
 constexpr int kReduceIlpFwd = 4, kReduceIlpBwd = 4, kElemIlp = 4;
 template <typename T>
 constexpr int kRowsMinBlocks = sizeof(T) == 8 ? 1 : 2;  // double's 64-byte units would spill at 2
+template <typename T>
+constexpr int kNormalizeMinBlocks = sizeof(T) == 2 ? 3 : kRowsMinBlocks<T>;  // half types: 84 registers fit in 80
 constexpr int64_t kRowsReduceBlocks = 264;
 constexpr int64_t kMinItemsPerThread = 4;
 constexpr int kFinalizeCols = 4, kFinalizeRows = 64;  // 32 x 8 took 22 us for 1024 chunks, 4 x 64 7.5 (H200)
@@ -493,34 +494,22 @@ __device__ __forceinline__ uint8_t normalize_unit(const T (&xv)[kUnit], const T 
   return bits;
 }
 
-// The per-channel affine map of the normalize pass in registers. Half types: v = x a + b with a = scale and
-// b = shift - mean scale, computed once per thread in acc_t (two vectors instead of three: the registers decide the
-// occupancy; the rounding of b is far below the output's); float and double keep (x - mean) scale + shift.
+// The per-channel affine map of the normalize pass in registers: v = (x - mean) scale + shift. (Folded to x a + b with
+// b = shift - mean scale it saves 8 registers, but leaves |mean scale| 2^-24 where x = mean: 2.7e-3 for a constant
+// channel at 1000, enough to flip relu's mask; tests/test_batch_norm_kernels_gpu.py, constant channel.)
 template <typename T>
 struct NormalizeCoef {
-  static constexpr bool kFold = sizeof(T) == 2;
-  acc_t<T> a[kUnit], b[kUnit], mean[kFold ? 1 : kUnit];
+  acc_t<T> mean[kUnit], a[kUnit], b[kUnit];
 
   __device__ __forceinline__ void load(const acc_t<T>* __restrict__ chan, int64_t C, int64_t c0) {
 #pragma unroll
     for (int j = 0; j < kUnit; ++j) {
-      const acc_t<T> m = chan[c0 + j];
+      mean[j] = chan[c0 + j];
       a[j] = chan[C + c0 + j];
       b[j] = chan[2 * C + c0 + j];
-      if constexpr (kFold) {
-        b[j] -= m * a[j];
-      } else {
-        mean[j] = m;
-      }
     }
   }
-  __device__ __forceinline__ acc_t<T> apply(acc_t<T> x, int j) const {
-    if constexpr (kFold) {
-      return x * a[j] + b[j];
-    } else {
-      return (x - mean[j]) * a[j] + b[j];
-    }
-  }
+  __device__ __forceinline__ acc_t<T> apply(acc_t<T> x, int j) const { return (x - mean[j]) * a[j] + b[j]; }
 };
 
 // N rows of one unit: y = act(coef(x) [+ residual]) and the relu mask bytes.
@@ -555,7 +544,7 @@ __device__ __forceinline__ void normalize_rows_group(const T* __restrict__ xp, c
 }
 
 // rows x C, the tiles of rows_plan(elementwise), chunks in reverse order (the reduction's last rows are in L2).
-template <typename T, bool RES, typename I, int N = kElemIlp, int MINB = kRowsMinBlocks<T>>
+template <typename T, bool RES, typename I, int N = kElemIlp, int MINB = kNormalizeMinBlocks<T>>
 __global__ void __launch_bounds__(kThreads, MINB)
     normalize_rows_vec_kernel(const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ y,
                               uint8_t* __restrict__ mask, const acc_t<T>* __restrict__ chan, I rows, I C,
@@ -699,13 +688,10 @@ __device__ __forceinline__ void backward_unit(const T (&gv)[kUnit], const T (&xv
   }
 }
 
-// The per-channel coefficients of dx in registers. Half types: dx = k dz + m x + c with m = -k q and
-// c = k (q mean - r) (three vectors instead of four, as NormalizeCoef); float and double: k (dz - r - q (x - mean)).
-// Eval (q = r = 0): dx = k dz.
+// The per-channel coefficients of dx in registers: dx = k (dz - r - q (x - mean)); eval (q = r = 0): k dz.
 template <typename T>
 struct BackwardCoef {
-  static constexpr bool kFold = sizeof(T) == 2;
-  acc_t<T> k[kUnit], q[kUnit], r[kUnit], mean[kFold ? 1 : kUnit];
+  acc_t<T> k[kUnit], q[kUnit], r[kUnit], mean[kUnit];
 
   __device__ __forceinline__ void load(const acc_t<T>* __restrict__ coef, int64_t C, int64_t c0) {
 #pragma unroll
@@ -713,21 +699,11 @@ struct BackwardCoef {
       k[j] = coef[c0 + j];
       q[j] = coef[C + c0 + j];
       r[j] = coef[2 * C + c0 + j];
-      const acc_t<T> m = coef[3 * C + c0 + j];
-      if constexpr (kFold) {
-        r[j] = k[j] * (q[j] * m - r[j]);  // c
-        q[j] = -k[j] * q[j];              // m
-      } else {
-        mean[j] = m;
-      }
+      mean[j] = coef[3 * C + c0 + j];
     }
   }
   __device__ __forceinline__ acc_t<T> apply(acc_t<T> dz, acc_t<T> x, int j) const {
-    if constexpr (kFold) {
-      return k[j] * dz + (q[j] * x + r[j]);
-    } else {
-      return k[j] * (dz - r[j] - q[j] * (x - mean[j]));
-    }
+    return k[j] * (dz - r[j] - q[j] * (x - mean[j]));
   }
 };
 
@@ -881,7 +857,8 @@ size_t align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
 // Whether every offset of the tensor (and of the partial sums) fits int32_t: the rows kernels then index in 32 bits.
 bool fits_int32(const BatchNormShape& s) {
   const int64_t limit = 0x7fffffff;
-  return s.a * s.c * s.b < limit - 16 && 2 * (kRowsReduceBlocks + 1) * s.c < limit;
+  // Threads of a last, short chunk start up to blockDim.y (<= kThreads) rows past the end: their row offsets too.
+  return (s.a + kThreads) * s.c * s.b < limit && 2 * (kRowsReduceBlocks + 1) * s.c < limit;
 }
 
 bool aligned16(const void* p) { return p == nullptr || aligned_to(p, 16); }
@@ -902,6 +879,7 @@ cudaError_t launch_reduce(Path path, const ReduceIn<T>& in, const BatchNormShape
   if (chunks == 0) return cudaSuccess;
   if (path == Path::rows) {
     const RowsPlan p = rows_plan(s.a, s.c, true);
+    if (p.chunks != chunks) return cudaErrorInvalidValue;  // the workspace was sized for reduce_chunks()'s count
     const dim3 grid(static_cast<unsigned>(p.col_blocks), static_cast<unsigned>(p.chunks)), block(p.bx, p.by);
     const auto launch = [&](auto index) {
       using I = decltype(index);

@@ -221,6 +221,31 @@ def test_batch_norm_empty_batch(variant, layout):
     assert gx.shape == x.shape and not gw.any() and not gb.any()
 
 
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16), ids=_name)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_batch_norm_relu_constant_channel(variant, dtype, layout):
+    """A constant channel far from zero (x = 1000, so mean = x and var = 0, invstd = 1 / sqrt(eps)) normalizes to
+    exactly the bias, 0 here: relu's output and mask must be 0 and its input gradient the bias path only, as in torch.
+    (Folding the affine map to x a + (b - mean a) in float32 leaves |mean a| 2^-24, about 2.7e-3 here, and flips the
+    mask: found in review, not kept.)"""
+    fmt = torch.channels_last if layout == "nhwc" else torch.contiguous_format
+    x = torch.full((4, 16, 3, 8), 1000.0, device="cuda", dtype=dtype).contiguous(memory_format=fmt)
+    w, b = torch.ones(16, device="cuda"), torch.zeros(16, device="cuda")
+    rm, rv = torch.zeros(16, device="cuda"), torch.ones(16, device="cuda")
+    got = _call(lambda: ops.batch_norm_relu(x, w, b, rm, rv, True, 0.1, 1e-5, None, None, variant), variant, "const")
+    if got is None:
+        return
+    out, mask, save_mean, save_invstd = got
+    assert not out.any(), f"[{variant}] a constant channel must normalize to 0: {out.abs().max().item()}"
+    assert not mask.any(), f"[{variant}] relu mask bits set for a zero output"
+    g = torch.randn_like(x)
+    gx = ops.batch_norm_backward(
+        g, x, w, save_mean, save_invstd, mask, True, 1e-5, [True, False, False, False], variant
+    )[0]
+    assert not gx.any(), f"[{variant}] the relu mask passes no gradient: {gx.abs().max().item()}"
+
+
 def test_batch_norm_stats_from_conv2d_stats_gpu():
     """bf16 channels-last: conv2d_stats' float32 sums in place of the statistics pass give the plain path's output and
     running statistics within bf16 rounding."""
