@@ -49,6 +49,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <type_traits>
 
 #include "batch_norm.cuh"
 #include "batch_norm_math.h"
@@ -203,6 +204,40 @@ int64_t reduce_chunks(Path path, const BatchNormShape& s) {
 // Forward (BWD false): s0 += x - k, s1 += (x - k)^2 with k = x[c B]. Backward: s0 += dz, s1 += dz (x - mean).
 // partial[chunk C + c] holds s0, partial[(chunks + chunk) C + c] s1.
 
+// One thread's rows in the rows x C kernels (grid (column blocks, chunks), block (bx, by)): unit u = column block bx
+// + tx (channels c0 .. c0 + 7) of the chunk's rows ty, ty + by, ... I: the index type (int32_t where the tensor fits,
+// which saves registers: occupancy is what keeps enough loads in flight).
+template <typename I>
+struct RowsTile {
+  I C, units, u, c0, r0, r1, stride, mstride;  // stride, mstride: elements and mask bytes between a thread's rows
+
+  __device__ __forceinline__ RowsTile(I rows, I channels, I rows_per_chunk, I chunk)
+      : C(channels),
+        units(channels / kUnit),
+        u(I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x)),
+        c0(u * kUnit),
+        r0(chunk * rows_per_chunk),
+        r1(r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows),
+        stride(I(blockDim.y) * channels),
+        mstride(I(blockDim.y) * units) {}
+
+  __device__ __forceinline__ bool active() const { return u < units; }
+
+  // body(std::integral_constant<int, K>{}, e, m) over the thread's rows in order, N at a time and then the tail one
+  // by one: e is the first row's element offset at channel c0, m its mask byte; the group's rows are stride
+  // (mstride) apart.
+  template <int N, typename Body>
+  __device__ __forceinline__ void for_rows(Body&& body) const {
+    const I by = I(blockDim.y);
+    I row = r0 + I(threadIdx.y);
+    I e = row * C + c0, m = row * units + u;
+    for (; row + I(N - 1) * by < r1; row += I(N) * by, e += I(N) * stride, m += I(N) * mstride) {
+      body(std::integral_constant<int, N>{}, e, m);
+    }
+    for (; row < r1; row += by, e += stride, m += mstride) body(std::integral_constant<int, 1>{}, e, m);
+  }
+};
+
 template <typename T>
 struct ReduceIn {
   const T* x = nullptr;
@@ -211,11 +246,11 @@ struct ReduceIn {
   const acc_t<T>* mean = nullptr;  // backward
 };
 
-// N rows of one thread's unit (8 channels), `stride` elements apart (the mask's bytes `mstride` apart), added to its
-// sums in row order. The loads are issued before the first use: N x 16 bytes (x 2 in the backward) in flight.
+// N rows of one thread's unit (8 channels) from offset e (mask byte m), t.stride elements (t.mstride bytes) apart,
+// added to its sums in row order. The loads are issued before the first use: N x 16 bytes (x 2 in the backward) in
+// flight.
 template <typename T, bool BWD, int N, typename I>
-__device__ __forceinline__ void reduce_rows_group(const T* __restrict__ xp, const T* __restrict__ gp,
-                                                  const uint8_t* __restrict__ mp, I stride, I mstride,
+__device__ __forceinline__ void reduce_rows_group(const ReduceIn<T>& in, const RowsTile<I>& t, I e, I m,
                                                   const acc_t<T> (&ref)[kUnit], acc_t<T> (&s0)[kUnit],
                                                   acc_t<T> (&s1)[kUnit]) {
   using A = acc_t<T>;
@@ -223,10 +258,10 @@ __device__ __forceinline__ void reduce_rows_group(const T* __restrict__ xp, cons
   uint8_t bits[N];
 #pragma unroll
   for (int i = 0; i < N; ++i) {
-    load8(xp + I(i) * stride, xv[i]);
+    load8(in.x + e + I(i) * t.stride, xv[i]);
     if constexpr (BWD) {
-      load8(gp + I(i) * stride, gv[i]);
-      bits[i] = mp != nullptr ? mp[I(i) * mstride] : uint8_t(0xff);
+      load8(in.dy + e + I(i) * t.stride, gv[i]);
+      bits[i] = in.mask != nullptr ? in.mask[m + I(i) * t.mstride] : uint8_t(0xff);
     }
   }
 #pragma unroll
@@ -246,52 +281,33 @@ __device__ __forceinline__ void reduce_rows_group(const T* __restrict__ xp, cons
   }
 }
 
-// rows x C: thread (tx, ty) of block (cb, chunk) sums unit u = cb bx + tx over the chunk's rows ty, ty + by, ...,
-// N rows at a time; the block's rows are combined by a fixed tree over ty. I: the index type (int32_t where
-// rows C fits, which saves registers: occupancy is what keeps enough loads in flight).
+// rows x C: each thread sums its unit over its rows of the chunk (RowsTile), N rows at a time; the block's rows are
+// combined by a fixed tree over ty.
 template <typename T, bool BWD, typename I, int N = BWD ? kReduceIlpBwd : kReduceIlpFwd, int MINB = kRowsMinBlocks<T>>
 __global__ void __launch_bounds__(kThreads, MINB)
     reduce_rows_vec_kernel(ReduceIn<T> in, I rows, I C, I rows_per_chunk, I chunks, acc_t<T>* __restrict__ partial) {
   using A = acc_t<T>;
   __shared__ A sh[2][kThreads * kUnit];
   const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
-  const I units = C / kUnit;
-  const I u = I(blockIdx.x) * bx + tx;
   const I chunk = blockIdx.y;
-  const I r0 = chunk * rows_per_chunk;
-  const I r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  const RowsTile<I> t(rows, C, rows_per_chunk, chunk);
   A s0[kUnit], s1[kUnit];
 #pragma unroll
   for (int j = 0; j < kUnit; ++j) s0[j] = s1[j] = A(0);
-  if (u < units) {
-    const I c0 = u * kUnit;
+  if (t.active()) {
     A ref[kUnit];
     if constexpr (BWD) {
 #pragma unroll
-      for (int j = 0; j < kUnit; ++j) ref[j] = in.mean[c0 + j];
+      for (int j = 0; j < kUnit; ++j) ref[j] = in.mean[t.c0 + j];
     } else {
       T k[kUnit];
-      load8(in.x + c0, k);
+      load8(in.x + t.c0, k);
 #pragma unroll
       for (int j = 0; j < kUnit; ++j) ref[j] = to_acc<T>(k[j]);
     }
-    I row = r0 + ty;
-    const I stride = I(by) * C, mstride = I(by) * units;
-    const T* xp = in.x + row * C + c0;
-    const T* gp = BWD ? in.dy + row * C + c0 : nullptr;
-    const uint8_t* mp = BWD && in.mask != nullptr ? in.mask + row * units + u : nullptr;
-    for (; row + I(N - 1) * by < r1; row += I(N) * by) {
-      reduce_rows_group<T, BWD, N>(xp, gp, mp, stride, mstride, ref, s0, s1);
-      xp += I(N) * stride;
-      if constexpr (BWD) gp += I(N) * stride;
-      if (mp != nullptr) mp += I(N) * mstride;
-    }
-    for (; row < r1; row += by) {
-      reduce_rows_group<T, BWD, 1>(xp, gp, mp, stride, mstride, ref, s0, s1);
-      xp += stride;
-      if constexpr (BWD) gp += stride;
-      if (mp != nullptr) mp += mstride;
-    }
+    t.template for_rows<N>([&](auto n, I e, I m) {
+      reduce_rows_group<T, BWD, decltype(n)::value>(in, t, e, m, ref, s0, s1);
+    });
   }
   // The block's rows, combined by a fixed tree over ty.
   const int slot = (ty * bx + tx) * kUnit;
@@ -311,12 +327,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
       }
     }
   }
-  if (ty == 0 && u < units) {
-    const I c0 = u * kUnit;
+  if (ty == 0 && t.active()) {
 #pragma unroll
     for (int j = 0; j < kUnit; ++j) {
-      partial[chunk * C + c0 + j] = sh[0][tx * kUnit + j];
-      partial[(chunks + chunk) * C + c0 + j] = sh[1][tx * kUnit + j];
+      partial[chunk * C + t.c0 + j] = sh[0][tx * kUnit + j];
+      partial[(chunks + chunk) * C + t.c0 + j] = sh[1][tx * kUnit + j];
     }
   }
 }
@@ -512,17 +527,18 @@ struct NormalizeCoef {
   __device__ __forceinline__ acc_t<T> apply(acc_t<T> x, int j) const { return (x - mean[j]) * a[j] + b[j]; }
 };
 
-// N rows of one unit: y = act(coef(x) [+ residual]) and the relu mask bytes.
+// N rows of one unit from offset e (mask byte m): y = act(coef(x) [+ residual]) and the relu mask bytes.
 template <typename T, bool RES, int N, typename I>
-__device__ __forceinline__ void normalize_rows_group(const T* __restrict__ xp, const T* __restrict__ rp,
-                                                     T* __restrict__ yp, uint8_t* __restrict__ mp, I stride,
-                                                     I mstride, const NormalizeCoef<T>& coef, bool relu) {
+__device__ __forceinline__ void normalize_rows_group(const T* __restrict__ x, const T* __restrict__ res,
+                                                     T* __restrict__ y, uint8_t* __restrict__ mask,
+                                                     const RowsTile<I>& t, I e, I m, const NormalizeCoef<T>& coef,
+                                                     bool relu) {
   using A = acc_t<T>;
   T xv[N][kUnit], rv[RES ? N : 1][kUnit];
 #pragma unroll
   for (int i = 0; i < N; ++i) {
-    load8(xp + I(i) * stride, xv[i]);
-    if constexpr (RES) load8(rp + I(i) * stride, rv[i]);
+    load8(x + e + I(i) * t.stride, xv[i]);
+    if constexpr (RES) load8(res + e + I(i) * t.stride, rv[i]);
   }
 #pragma unroll
   for (int i = 0; i < N; ++i) {
@@ -538,8 +554,8 @@ __device__ __forceinline__ void normalize_rows_group(const T* __restrict__ xp, c
       }
       yv[j] = from_acc<T>(v);
     }
-    store8(yp + I(i) * stride, yv);
-    if (relu) mp[I(i) * mstride] = bits;
+    store8(y + e + I(i) * t.stride, yv);
+    if (relu) mask[m + I(i) * t.mstride] = bits;
   }
 }
 
@@ -549,37 +565,13 @@ __global__ void __launch_bounds__(kThreads, MINB)
     normalize_rows_vec_kernel(const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ y,
                               uint8_t* __restrict__ mask, const acc_t<T>* __restrict__ chan, I rows, I C,
                               I rows_per_chunk, bool relu) {
-  const int bx = blockDim.x, by = blockDim.y;
-  const I units = C / kUnit;
-  const I u = I(blockIdx.x) * bx + threadIdx.x;
-  if (u >= units) return;
-  const I chunk = I(gridDim.y) - 1 - I(blockIdx.y);
-  const I r0 = chunk * rows_per_chunk;
-  const I r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
-  const I c0 = u * kUnit;
+  const RowsTile<I> t(rows, C, rows_per_chunk, I(gridDim.y) - 1 - I(blockIdx.y));
+  if (!t.active()) return;
   NormalizeCoef<T> coef;
-  coef.load(chan, C, c0);
-  I row = r0 + I(threadIdx.y);
-  const I stride = I(by) * C, mstride = I(by) * units;
-  const I off = row * C + c0;
-  const T* xp = x + off;
-  const T* rp = RES ? res + off : nullptr;
-  T* yp = y + off;
-  uint8_t* mp = relu ? mask + row * units + u : nullptr;
-  for (; row + I(N - 1) * by < r1; row += I(N) * by) {
-    normalize_rows_group<T, RES, N>(xp, rp, yp, mp, stride, mstride, coef, relu);
-    xp += I(N) * stride;
-    if constexpr (RES) rp += I(N) * stride;
-    yp += I(N) * stride;
-    if (relu) mp += I(N) * mstride;
-  }
-  for (; row < r1; row += by) {
-    normalize_rows_group<T, RES, 1>(xp, rp, yp, mp, stride, mstride, coef, relu);
-    xp += stride;
-    if constexpr (RES) rp += stride;
-    yp += stride;
-    if (relu) mp += mstride;
-  }
+  coef.load(chan, C, t.c0);
+  t.template for_rows<N>([&](auto n, I e, I m) {
+    normalize_rows_group<T, RES, decltype(n)::value>(x, res, y, mask, t, e, m, coef, relu);
+  });
 }
 
 // Flat over units of 8 elements in memory order, kThreads x kIlp units per block chunk, chunks in reverse order. VEC:
@@ -707,11 +699,11 @@ struct BackwardCoef {
   }
 };
 
-// N rows of one unit: dx and grad_residual (= dz).
+// N rows of one unit from offset e (mask byte m): dx and grad_residual (= dz).
 template <typename T, int N, typename I>
-__device__ __forceinline__ void backward_rows_group(const T* __restrict__ gp, const T* __restrict__ xp,
-                                                    const uint8_t* __restrict__ mp, T* __restrict__ dxp,
-                                                    T* __restrict__ gresp, I stride, I mstride,
+__device__ __forceinline__ void backward_rows_group(const T* __restrict__ dy, const T* __restrict__ x,
+                                                    const uint8_t* __restrict__ mask, T* __restrict__ dx,
+                                                    T* __restrict__ gres, const RowsTile<I>& t, I e, I m,
                                                     const BackwardCoef<T>& coef, BackwardFlags f) {
   using A = acc_t<T>;
   const bool read_x = f.training && f.grad_input;
@@ -719,14 +711,14 @@ __device__ __forceinline__ void backward_rows_group(const T* __restrict__ gp, co
   uint8_t bits[N];
 #pragma unroll
   for (int i = 0; i < N; ++i) {
-    load8(gp + I(i) * stride, gv[i]);
+    load8(dy + e + I(i) * t.stride, gv[i]);
     if (read_x) {
-      load8(xp + I(i) * stride, xv[i]);
+      load8(x + e + I(i) * t.stride, xv[i]);
     } else {
 #pragma unroll
       for (int j = 0; j < kUnit; ++j) xv[i][j] = from_acc<T>(A(0));
     }
-    bits[i] = f.mask ? mp[I(i) * mstride] : uint8_t(0xff);
+    bits[i] = f.mask ? mask[m + I(i) * t.mstride] : uint8_t(0xff);
   }
 #pragma unroll
   for (int i = 0; i < N; ++i) {
@@ -737,8 +729,8 @@ __device__ __forceinline__ void backward_rows_group(const T* __restrict__ gp, co
       dzv[j] = from_acc<T>(dz);
       dxv[j] = from_acc<T>(f.training ? coef.apply(dz, to_acc<T>(xv[i][j]), j) : coef.k[j] * dz);
     }
-    if (f.grad_input) store8(dxp + I(i) * stride, dxv);
-    if (f.grad_residual) store8(gresp + I(i) * stride, dzv);
+    if (f.grad_input) store8(dx + e + I(i) * t.stride, dxv);
+    if (f.grad_residual) store8(gres + e + I(i) * t.stride, dzv);
   }
 }
 
@@ -747,40 +739,13 @@ __global__ void __launch_bounds__(kThreads, MINB)
     backward_rows_vec_kernel(const T* __restrict__ dy, const T* __restrict__ x, const uint8_t* __restrict__ mask,
                              T* __restrict__ dx, T* __restrict__ gres, const acc_t<T>* __restrict__ coef_in, I rows,
                              I C, I rows_per_chunk, BackwardFlags f) {
-  const int bx = blockDim.x, by = blockDim.y;
-  const I units = C / kUnit;
-  const I u = I(blockIdx.x) * bx + threadIdx.x;
-  if (u >= units) return;
-  const I chunk = I(gridDim.y) - 1 - I(blockIdx.y);
-  const I r0 = chunk * rows_per_chunk;
-  const I r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
-  const I c0 = u * kUnit;
+  const RowsTile<I> t(rows, C, rows_per_chunk, I(gridDim.y) - 1 - I(blockIdx.y));
+  if (!t.active()) return;
   BackwardCoef<T> coef;
-  coef.load(coef_in, C, c0);
-  I row = r0 + I(threadIdx.y);
-  const I stride = I(by) * C, mstride = I(by) * units;
-  const I off = row * C + c0;
-  const T* gp = dy + off;
-  const T* xp = x + off;
-  T* dxp = dx + off;
-  T* gresp = gres + off;
-  const uint8_t* mp = mask + row * units + u;
-  for (; row + I(N - 1) * by < r1; row += I(N) * by) {
-    backward_rows_group<T, N>(gp, xp, mp, dxp, gresp, stride, mstride, coef, f);
-    gp += I(N) * stride;
-    xp += I(N) * stride;
-    dxp += I(N) * stride;
-    gresp += I(N) * stride;
-    mp += I(N) * mstride;
-  }
-  for (; row < r1; row += by) {
-    backward_rows_group<T, 1>(gp, xp, mp, dxp, gresp, stride, mstride, coef, f);
-    gp += stride;
-    xp += stride;
-    dxp += stride;
-    gresp += stride;
-    mp += mstride;
-  }
+  coef.load(coef_in, C, t.c0);
+  t.template for_rows<N>([&](auto n, I e, I m) {
+    backward_rows_group<T, decltype(n)::value>(dy, x, mask, dx, gres, t, e, m, coef, f);
+  });
 }
 
 template <typename T, bool VEC>
@@ -854,11 +819,17 @@ unsigned flat_grid(int64_t numel) {
 
 size_t align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
 
-// Whether every offset of the tensor (and of the partial sums) fits int32_t: the rows kernels then index in 32 bits.
-bool fits_int32(const BatchNormShape& s) {
+// launch(I{}) with I = int32_t where every offset of the tensor (and of the partial sums) fits, else int64_t: the
+// rows kernels' index type.
+template <typename Launch>
+void with_index_type(const BatchNormShape& s, Launch&& launch) {
   const int64_t limit = 0x7fffffff;
   // Threads of a last, short chunk start up to blockDim.y (<= kThreads) rows past the end: their row offsets too.
-  return (s.a + kThreads) * s.c * s.b < limit && 2 * (kRowsReduceBlocks + 1) * s.c < limit;
+  if ((s.a + kThreads) * s.c * s.b < limit && 2 * (kRowsReduceBlocks + 1) * s.c < limit) {
+    launch(int32_t(0));
+  } else {
+    launch(int64_t(0));
+  }
 }
 
 bool aligned16(const void* p) { return p == nullptr || aligned_to(p, 16); }
@@ -881,7 +852,7 @@ cudaError_t launch_reduce(Path path, const ReduceIn<T>& in, const BatchNormShape
     const RowsPlan p = rows_plan(s.a, s.c, true);
     if (p.chunks != chunks) return cudaErrorInvalidValue;  // the workspace was sized for reduce_chunks()'s count
     const dim3 grid(static_cast<unsigned>(p.col_blocks), static_cast<unsigned>(p.chunks)), block(p.bx, p.by);
-    const auto launch = [&](auto index) {
+    with_index_type(s, [&](auto index) {
       using I = decltype(index);
       const I rows = I(s.a), c = I(s.c), rpc = I(p.rows_per_chunk), chunks = I(p.chunks);
       if (bwd) {
@@ -889,12 +860,7 @@ cudaError_t launch_reduce(Path path, const ReduceIn<T>& in, const BatchNormShape
       } else {
         reduce_rows_vec_kernel<T, false, I><<<grid, block, 0, stream>>>(in, rows, c, rpc, chunks, partial);
       }
-    };
-    if (fits_int32(s)) {
-      launch(int32_t(0));
-    } else {
-      launch(int64_t(0));
-    }
+    });
   } else {
     const bool vec = path == Path::planes;
     const ChannelPlan p = channel_plan(vec ? n / kUnit : n, s.c);
@@ -1578,7 +1544,7 @@ cudaError_t batch_norm_forward(BatchNormKernel kernel, const BatchNormForwardArg
   if (path == Path::rows) {
     const RowsPlan p = rows_plan(s.a, s.c, false);
     const dim3 grid(static_cast<unsigned>(p.col_blocks), static_cast<unsigned>(p.chunks)), block(p.bx, p.by);
-    const auto launch = [&](auto index) {
+    with_index_type(s, [&](auto index) {
       using I = decltype(index);
       const I rows = I(s.a), c = I(s.c), rpc = I(p.rows_per_chunk);
       if (f.residual) {
@@ -1588,12 +1554,7 @@ cudaError_t batch_norm_forward(BatchNormKernel kernel, const BatchNormForwardArg
         normalize_rows_vec_kernel<T, false, I>
             <<<grid, block, 0, stream>>>(args.x, args.residual, args.y, args.mask, ws.vectors, rows, c, rpc, f.relu);
       }
-    };
-    if (fits_int32(s)) {
-      launch(int32_t(0));
-    } else {
-      launch(int64_t(0));
-    }
+    });
   } else if (path == Path::planes) {
     normalize_flat_kernel<T, true>
         <<<flat_grid(numel), kThreads, 0, stream>>>(args.x, args.residual, args.y, args.mask, ws.vectors, s, numel, f);
@@ -1635,17 +1596,12 @@ cudaError_t batch_norm_backward(BatchNormKernel kernel, const BatchNormBackwardA
   if (path == Path::rows) {
     const RowsPlan p = rows_plan(s.a, s.c, false);
     const dim3 grid(static_cast<unsigned>(p.col_blocks), static_cast<unsigned>(p.chunks)), block(p.bx, p.by);
-    const auto launch = [&](auto index) {
+    with_index_type(s, [&](auto index) {
       using I = decltype(index);
       backward_rows_vec_kernel<T, I><<<grid, block, 0, stream>>>(args.grad_out, args.x, args.mask, args.grad_input,
                                                                  args.grad_residual, ws.vectors, I(s.a), I(s.c),
                                                                  I(p.rows_per_chunk), f);
-    };
-    if (fits_int32(s)) {
-      launch(int32_t(0));
-    } else {
-      launch(int64_t(0));
-    }
+    });
   } else if (path == Path::planes) {
     backward_flat_kernel<T, true><<<flat_grid(numel), kThreads, 0, stream>>>(
         args.grad_out, args.x, args.mask, args.grad_input, args.grad_residual, ws.vectors, s, numel, f);
