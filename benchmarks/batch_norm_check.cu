@@ -14,16 +14,9 @@
 #include <random>
 #include <vector>
 
-using namespace torchext::cuda_ops;
+#include "cuda_check.h"
 
-#define CK(x)                                                                                \
-  do {                                                                                       \
-    cudaError_t e = (x);                                                                     \
-    if (e != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
+using namespace torchext::cuda_ops;
 
 namespace bn_check {
 

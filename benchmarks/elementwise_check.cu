@@ -18,17 +18,9 @@
 #include <vector>
 
 #include "common.cuh"
+#include "cuda_check.h"
 
 using namespace torchext::cuda_ops;
-
-#define CK(x)                                                                                \
-  do {                                                                                       \
-    cudaError_t e = (x);                                                                     \
-    if (e != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
 
 template <typename V, bool CS>
 __device__ __forceinline__ V load(const V* p) {

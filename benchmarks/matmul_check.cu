@@ -24,18 +24,11 @@
 #include <string>
 #include <vector>
 
+#include "cuda_check.h"
 #include "matmul.cuh"
 
 using namespace torchext::cuda_ops;
 
-#define CHECK_CUDA(x)                                                                         \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
 #define CHECK_CUBLAS(x)                                                                      \
   do {                                                                                       \
     cublasStatus_t s_ = (x);                                                                 \
@@ -115,17 +108,17 @@ void run_case(cublasHandle_t h, const Case& cs, bool integers) {
   T *a, *b, *c, *cb;
   double *a64, *b64, *ref, *acc;
   T* bias = nullptr;
-  CHECK_CUDA(cudaMalloc(&a, a_size * batch * sizeof(T)));
-  CHECK_CUDA(cudaMalloc(&b, b_size * b_batches * sizeof(T)));
-  CHECK_CUDA(cudaMalloc(&c, m * c_ld * batch * sizeof(T)));
-  CHECK_CUDA(cudaMalloc(&cb, m * c_ld * batch * sizeof(T)));
-  CHECK_CUDA(cudaMalloc(&a64, a_size * batch * sizeof(double)));
-  CHECK_CUDA(cudaMalloc(&b64, b_size * b_batches * sizeof(double)));
-  CHECK_CUDA(cudaMalloc(&ref, m * n * batch * sizeof(double)));
-  CHECK_CUDA(cudaMalloc(&acc, 3 * sizeof(double)));
+  CK(cudaMalloc(&a, a_size * batch * sizeof(T)));
+  CK(cudaMalloc(&b, b_size * b_batches * sizeof(T)));
+  CK(cudaMalloc(&c, m * c_ld * batch * sizeof(T)));
+  CK(cudaMalloc(&cb, m * c_ld * batch * sizeof(T)));
+  CK(cudaMalloc(&a64, a_size * batch * sizeof(double)));
+  CK(cudaMalloc(&b64, b_size * b_batches * sizeof(double)));
+  CK(cudaMalloc(&ref, m * n * batch * sizeof(double)));
+  CK(cudaMalloc(&acc, 3 * sizeof(double)));
   fill_kernel<<<1024, 256>>>(a, a64, a_size * batch, 1, integers);
   fill_kernel<<<1024, 256>>>(b, b64, b_size * b_batches, 2, integers);
-  CHECK_CUDA(cudaGetLastError());
+  CK(cudaGetLastError());
 
   MatmulArgs<T> p;
   p.m = m, p.n = n, p.k = k, p.batch = batch;
@@ -134,7 +127,7 @@ void run_case(cublasHandle_t h, const Case& cs, bool integers) {
   p.c = c, p.c_rs = c_ld, p.c_bs = m * c_ld;
   p.allow_tf32 = true;
   if (cs.bias_relu) {
-    CHECK_CUDA(cudaMalloc(&bias, n * sizeof(T)));
+    CK(cudaMalloc(&bias, n * sizeof(T)));
     fill_kernel<<<64, 256>>>(bias, (double*)nullptr, n, 3, integers);
     p.bias = bias;
     p.act = Activation::relu;
@@ -152,17 +145,17 @@ void run_case(cublasHandle_t h, const Case& cs, bool integers) {
     // ref = relu(ref + bias), on the host (small cases only).
     std::vector<double> r(m * n * batch);
     std::vector<T> hb(n);
-    CHECK_CUDA(cudaMemcpy(r.data(), ref, r.size() * 8, cudaMemcpyDeviceToHost));
-    CHECK_CUDA(cudaMemcpy(hb.data(), bias, n * sizeof(T), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(r.data(), ref, r.size() * 8, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hb.data(), bias, n * sizeof(T), cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < r.size(); ++i) r[i] = std::max(0.0, r[i] + double(float(hb[i % n])));
-    CHECK_CUDA(cudaMemcpy(ref, r.data(), r.size() * 8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(ref, r.data(), r.size() * 8, cudaMemcpyHostToDevice));
   }
 
   auto measure_error = [&](const T* out, double* rel, double* unwritten) {
-    CHECK_CUDA(cudaMemset(acc, 0, 3 * sizeof(double)));
+    CK(cudaMemset(acc, 0, 3 * sizeof(double)));
     error_kernel<<<1024, 256>>>(out, c_ld, ref, m, n, batch, acc);
     double h_acc[3];
-    CHECK_CUDA(cudaMemcpy(h_acc, acc, sizeof(h_acc), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(h_acc, acc, sizeof(h_acc), cudaMemcpyDeviceToHost));
     *rel = std::sqrt(h_acc[0] / std::max(h_acc[1], 1e-300));
     *unwritten = h_acc[2];
   };
@@ -175,24 +168,24 @@ void run_case(cublasHandle_t h, const Case& cs, bool integers) {
   }
   const size_t ws_bytes = matmul_wgmma_workspace_bytes(p);
   void* ws = nullptr;
-  if (ws_bytes > 0) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+  if (ws_bytes > 0) CK(cudaMalloc(&ws, ws_bytes));
   // Without the workspace: each tile computed whole by one block.
   auto whole_tiles = [&] { return matmul_wgmma(p, 0, nullptr); };
-  CHECK_CUDA(cudaMemset(c, 0xFF, m * c_ld * batch * sizeof(T)));  // NaN in every float type
-  CHECK_CUDA(whole_tiles());
-  CHECK_CUDA(cudaDeviceSynchronize());
+  CK(cudaMemset(c, 0xFF, m * c_ld * batch * sizeof(T)));  // NaN in every float type
+  CK(whole_tiles());
+  CK(cudaDeviceSynchronize());
   double err_whole, bad_whole;
   measure_error(c, &err_whole, &bad_whole);
   // With it (stream-K where the schedule splits), twice: the same bits each time.
   const size_t c_bytes = m * c_ld * batch * sizeof(T);
   std::vector<uint8_t> first(c_bytes), second(c_bytes);
-  CHECK_CUDA(cudaMemset(ws, 0x5A, ws_bytes));  // garbage in the workspace, as from the caching allocator
-  CHECK_CUDA(cudaMemset(c, 0xFF, c_bytes));
-  CHECK_CUDA(matmul_wgmma(p, 0, ws));
-  CHECK_CUDA(cudaMemcpy(first.data(), c, c_bytes, cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaMemset(c, 0xFF, c_bytes));
-  CHECK_CUDA(matmul_wgmma(p, 0, ws));
-  CHECK_CUDA(cudaMemcpy(second.data(), c, c_bytes, cudaMemcpyDeviceToHost));
+  CK(cudaMemset(ws, 0x5A, ws_bytes));  // garbage in the workspace, as from the caching allocator
+  CK(cudaMemset(c, 0xFF, c_bytes));
+  CK(matmul_wgmma(p, 0, ws));
+  CK(cudaMemcpy(first.data(), c, c_bytes, cudaMemcpyDeviceToHost));
+  CK(cudaMemset(c, 0xFF, c_bytes));
+  CK(matmul_wgmma(p, 0, ws));
+  CK(cudaMemcpy(second.data(), c, c_bytes, cudaMemcpyDeviceToHost));
   const bool same_bits = first == second;
   double err, bad;
   measure_error(c, &err, &bad);
@@ -210,7 +203,7 @@ void run_case(cublasHandle_t h, const Case& cs, bool integers) {
   double err_cublas = NAN, bad_cublas = 0;
   if (!cs.bias_relu) {
     cublas_run();
-    CHECK_CUDA(cudaDeviceSynchronize());
+    CK(cudaDeviceSynchronize());
     measure_error(cb, &err_cublas, &bad_cublas);
   }
   auto good = [&](double e, double b) {
@@ -228,20 +221,20 @@ void run_case(cublasHandle_t h, const Case& cs, bool integers) {
 
   if (cs.timed) {
     cudaEvent_t e0, e1;
-    CHECK_CUDA(cudaEventCreate(&e0));
-    CHECK_CUDA(cudaEventCreate(&e1));
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
     // The three interleaved, one call of each per round in rotating order, so that clock and power drift hit all
     // three alike (a large GEMM holds an H200 at its power limit): medians over the rounds.
     std::vector<float> ms[3];
     auto one = [&](int which) {
-      CHECK_CUDA(cudaEventRecord(e0));
-      if (which == 0) CHECK_CUDA(matmul_wgmma(p, 0, ws));
-      if (which == 1) CHECK_CUDA(whole_tiles());
+      CK(cudaEventRecord(e0));
+      if (which == 0) CK(matmul_wgmma(p, 0, ws));
+      if (which == 1) CK(whole_tiles());
       if (which == 2) cublas_run();
-      CHECK_CUDA(cudaEventRecord(e1));
-      CHECK_CUDA(cudaEventSynchronize(e1));
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
       float t;
-      CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+      CK(cudaEventElapsedTime(&t, e0, e1));
       return t;
     };
     for (int i = 0; i < 3; ++i) one(0), one(1), one(2);
@@ -275,7 +268,7 @@ int main(int argc, char** argv) {
   cublasHandle_t h;
   CHECK_CUBLAS(cublasCreate(&h));
   cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %d SMs\n", prop.name, prop.multiProcessorCount);
   std::vector<Case> cases;
   for (const char* dt : {"bf16", "fp16", "tf32"}) {

@@ -12,19 +12,11 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda_check.h"
 #include "matmul.cuh"
 #include "matmul_epilogue.cuh"
 
 using namespace torchext::cuda_ops;
-
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);     \
-      exit(1);                                                                             \
-    }                                                                                      \
-  } while (0)
 
 template <typename T>
 __global__ void reference_kernel(MatmulArgs<T> p) {
