@@ -1,5 +1,5 @@
-// The C++ API of the activations (csrc/include/torchext/activations.h): each function finds its registered op once
-// and calls it through the dispatcher.
+// The C++ API of the activations and add (csrc/include/torchext/activations.h): each function finds its registered op
+// once and calls it through the dispatcher.
 #include <torchext/activations.h>
 
 #include "api.h"
@@ -45,6 +45,13 @@ Tensor silu(const Tensor& input) {
   static const auto op = find_op<Unary>("torchext::silu");
   check_defined("silu", "input", input);
   return op.call(input);
+}
+
+Tensor add(const Tensor& input, const Tensor& other) {
+  static const auto op = find_op<Tensor(const Tensor&, const Tensor&)>("torchext::add");
+  check_defined("add", "input", input);
+  check_defined("add", "other", other);
+  return op.call(input, other);
 }
 
 namespace nn {

@@ -1,5 +1,7 @@
 // CPU kernels for the activations: one at::parallel_for over the flat data, float32 and float64.
-// The math is cuda_ops/activation_math.h, shared with the CUDA kernels.
+// The math is cuda_ops/activation_math.h, shared with the CUDA kernels. Also add, the residual add where it is not
+// fused, in all four floating dtypes (the CUDA side has them all, and a bfloat16 model's gradients meet in it).
+#include <ATen/OpMathType.h>
 #include <torch/library.h>
 
 #include "activation_math.h"
@@ -107,6 +109,28 @@ at::Tensor silu_backward_cpu(const at::Tensor& grad_output, const at::Tensor& se
                     [](auto g, auto x) { return math::silu_backward(g, x); });
 }
 
+// self + other, the half types added in float32 and rounded once (as torch's add). The result takes self's layout
+// (dense, then empty_like); other is read in that layout (in_layout_of: itself where its strides match, else a copy).
+at::Tensor add_cpu(const at::Tensor& self, const at::Tensor& other) {
+  check_floating_or_half("torchext::add", self, "self");
+  check_like("torchext::add", self, "self", other, "other");
+  const at::Tensor a = dense(self);
+  const at::Tensor b = in_layout_of(other, a);
+  at::Tensor out = at::empty_like(a);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "torchext_add_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* ap = a.const_data_ptr<scalar_t>();
+    const scalar_t* bp = b.const_data_ptr<scalar_t>();
+    scalar_t* op_ = out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, a.numel(), at::internal::GRAIN_SIZE, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        op_[i] = static_cast<scalar_t>(static_cast<acc_t>(ap[i]) + static_cast<acc_t>(bp[i]));
+      }
+    });
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torchext, CPU, m) {
@@ -122,6 +146,7 @@ TORCH_LIBRARY_IMPL(torchext, CPU, m) {
   m.impl("gelu_backward", &gelu_backward_cpu);
   m.impl("silu", &silu_cpu);
   m.impl("silu_backward", &silu_backward_cpu);
+  m.impl("add", &add_cpu);
 }
 
 }  // namespace torchext

@@ -1,7 +1,7 @@
-// CUDA wrappers for the activations: checks, device guard, dtype dispatch, then a cuda_ops/activations.cu launcher
-// on the current stream. Dense layouts (contiguous, channels-last, any permutation) run in place of their memory
-// order; anything else is made contiguous first. A backward returns its gradient in the layout of the saved tensor
-// (checks.h, in_layout_of).
+// CUDA wrappers for the activations and add: checks, device guard, dtype dispatch, then a cuda_ops/activations.cu
+// launcher on the current stream. Dense layouts (contiguous, channels-last, any permutation) run in place of their
+// memory order; anything else is made contiguous first. A backward returns its gradient in the layout of the saved
+// tensor (checks.h, in_layout_of).
 #include <torch/library.h>
 
 #include "activations.cuh"
@@ -115,6 +115,22 @@ at::Tensor silu_backward_cuda(const at::Tensor& grad_output, const at::Tensor& s
                      });
 }
 
+// self + other (cuda_ops::add_forward); the layouts as add_cpu's: the result takes self's, other is read in it.
+at::Tensor add_cuda(const at::Tensor& self, const at::Tensor& other) {
+  check_floating_or_half("torchext::add", self, "self");
+  check_like("torchext::add", self, "self", other, "other");
+  c10::cuda::CUDAGuard guard(self.device());
+  const at::Tensor a = dense(self);
+  const at::Tensor b = in_layout_of(other, a);
+  at::Tensor out = at::empty_like(a);
+  if (a.numel() == 0) return out;
+  TORCHEXT_DISPATCH_CUDA_FLOATING(a.scalar_type(), "torchext_add_cuda", [&] {
+    C10_CUDA_CHECK(cuda_ops::add_forward(cuda_ptr<scalar_t>(a), cuda_ptr<scalar_t>(b), cuda_mutable_ptr<scalar_t>(out),
+                                         a.numel(), current_stream()));
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torchext, CUDA, m) {
@@ -130,6 +146,7 @@ TORCH_LIBRARY_IMPL(torchext, CUDA, m) {
   m.impl("gelu_backward", &gelu_backward_cuda);
   m.impl("silu", &silu_cuda);
   m.impl("silu_backward", &silu_backward_cuda);
+  m.impl("add", &add_cuda);
 }
 
 }  // namespace torchext

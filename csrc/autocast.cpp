@@ -1,8 +1,10 @@
 // The float32 autocast rules (csrc/autocast.h), for Python and LibTorch callers alike:
-//   CPU autocast: every op, backward ops included, runs in float32 (the CPU kernels are float32 / float64);
+//   CPU autocast: every op but add, backward ops included, runs in float32 (the CPU kernels are float32 / float64);
 //   CUDA autocast: softmax, log_softmax, the losses and their backward ops run in float32, as PyTorch runs its own.
 // The other CUDA rules (cross_entropy; matmul, linear and conv2d in the autocast dtype; the activations keep their
-// input's dtype, having no rule) are in csrc/autograd.cpp and csrc/matmul_autograd.cpp.
+// input's dtype, having no rule) are in csrc/autograd.cpp and csrc/matmul_autograd.cpp. add has no rule on either
+// device: its kernels take all four floating dtypes, and its operands must share one, so it runs in theirs (torch's
+// add is "promote" under autocast, which for equal dtypes changes nothing; mixed dtypes raise here).
 #include "autocast.h"
 
 #include <torch/library.h>

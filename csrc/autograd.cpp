@@ -244,6 +244,22 @@ Tensor unary_backward_autograd(const Tensor& grad_output, const Tensor& saved, A
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// add: both gradients are grad_output itself (no copy, as torch's add). Having no arithmetic, the backward is its
+// own derivative: double backward passes gg through the same way, with no *_backward op.
+
+class AddFunction : public torch::autograd::Function<AddFunction> {
+ public:
+  static Tensor forward(AutogradContext*, const Tensor& self, const Tensor& other) {
+    static const auto op = find_op<Tensor(const Tensor&, const Tensor&)>("torchext::add");
+    return call_below_autograd(op, self, other);
+  }
+
+  static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], grads[0]}; }
+};
+
+Tensor add_autograd(const Tensor& self, const Tensor& other) { return AddFunction::apply(self, other); }
+
+// ---------------------------------------------------------------------------------------------------------------
 // cross_entropy -> (loss, lse, total_weight); lse and total_weight are not differentiable. No gradient with
 // respect to the class weights (an error at backward, as before).
 
@@ -1089,6 +1105,7 @@ TORCH_LIBRARY_IMPL(torchext, Autograd, m) {
   m.impl("gelu_backward", &unary_backward_autograd<Gelu, c10::string_view>);
   m.impl("silu", &unary_autograd<Silu>);
   m.impl("silu_backward", &unary_backward_autograd<Silu>);
+  m.impl("add", &add_autograd);
   m.impl("softmax", &unary_autograd<Softmax>);
   m.impl("softmax_backward", &unary_backward_autograd<Softmax>);
   m.impl("log_softmax", &unary_autograd<LogSoftmax>);

@@ -38,6 +38,14 @@ inline void check_floating(std::string_view op, const at::Tensor& t, std::string
   }
 }
 
+// The floating dtypes of an op whose CPU kernels take the half types too (add; batch_norm and the pools have their
+// own copies in csrc/batch_norm.h and csrc/pooling.h): float32, float64, float16 and bfloat16 on either backend.
+inline void check_floating_or_half(std::string_view op, const at::Tensor& t, std::string_view name) {
+  const auto dt = t.scalar_type();
+  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kDouble || dt == at::kHalf || dt == at::kBFloat16, op, ": `", name,
+                   "` must be float32, float64, float16 or bfloat16, got ", dt);
+}
+
 inline void check_same_device(std::string_view op, const at::Tensor& a, std::string_view a_name, const at::Tensor& b,
                               std::string_view b_name) {
   TORCH_CHECK(a.device() == b.device(), op, ": `", b_name, "` must be on the same device as `", a_name, "` (",

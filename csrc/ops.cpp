@@ -28,6 +28,12 @@ TORCH_LIBRARY(torchext, m) {
   m.def("gelu_backward(Tensor grad_output, Tensor self, *, str approximate='none') -> Tensor");
   m.def("silu(Tensor self) -> Tensor");
   m.def("silu_backward(Tensor grad_output, Tensor self) -> Tensor");
+  // self + other: the residual add where it is not fused into batch_norm_add_relu (the gradients of a tensor used
+  // twice, summed by torchext.functional.fork's backward). Same shape, dtype and device (no broadcasting, no type
+  // promotion); float16, bfloat16, float32 and float64 on CPU and CUDA, half types added in float32 and rounded once.
+  // The result takes self's layout as the activations' do; other is read in it (a copy where its strides differ).
+  // Gradient: grad_output to both, so no add_backward op.
+  m.def("add(Tensor self, Tensor other) -> Tensor");
 
   // Softmax over the last dimension (csrc/softmax_*.cpp, cuda_ops/softmax.cu).
   m.def("softmax(Tensor self) -> Tensor");
@@ -150,4 +156,5 @@ TORCH_LIBRARY(torchext, m) {
   // output_size entries >= 0; grad_output's last two sizes give the backward's output size.
   m.def("adaptive_avg_pool2d(Tensor input, int[2] output_size) -> Tensor");
   m.def("adaptive_avg_pool2d_backward(Tensor grad_output, Tensor input) -> Tensor");
+
 }

@@ -1,4 +1,5 @@
-// Elementwise activation kernels: y = f(x) forward, grad_x = f'(saved) * grad_y backward, on flat arrays.
+// Elementwise activation kernels: y = f(x) forward, grad_x = f'(saved) * grad_y backward, on flat arrays; and add,
+// z = a + b (binary_kernel with a sum for its functor).
 //
 // Shapes: every pointer is a flat array of n elements (the caller flattens any dense layout).
 // Memory traffic is the whole cost: forward reads n and writes n elements, backward reads 2n and writes n, so the
@@ -189,6 +190,10 @@ template <typename A>
 struct SiluBackward {
   __device__ A operator()(A g, A x) const { return math::silu_backward(g, x); }
 };
+template <typename A>
+struct AddForward {
+  __device__ A operator()(A a, A b) const { return a + b; }
+};
 
 }  // namespace
 
@@ -255,6 +260,11 @@ cudaError_t silu_backward(const T* grad_y, const T* x, T* grad_x, int64_t n, boo
   return launch_binary(grad_y, grad_y_broadcast, x, grad_x, n, SiluBackward<acc_t<T>>{}, stream);
 }
 
+template <typename T>
+cudaError_t add_forward(const T* a, const T* b, T* out, int64_t n, cudaStream_t stream) {
+  return launch_binary(a, false, b, out, n, AddForward<acc_t<T>>{}, stream);
+}
+
 #define TORCHEXT_INSTANTIATE_ACTIVATIONS(T)                                                                 \
   template cudaError_t relu_forward<T>(const T*, T*, int64_t, cudaStream_t);                                \
   template cudaError_t relu_backward<T>(const T*, const T*, T*, int64_t, bool, cudaStream_t);               \
@@ -267,7 +277,8 @@ cudaError_t silu_backward(const T* grad_y, const T* x, T* grad_x, int64_t n, boo
   template cudaError_t gelu_forward<T>(const T*, T*, int64_t, bool, cudaStream_t);                          \
   template cudaError_t gelu_backward<T>(const T*, const T*, T*, int64_t, bool, bool, cudaStream_t);         \
   template cudaError_t silu_forward<T>(const T*, T*, int64_t, cudaStream_t);                                \
-  template cudaError_t silu_backward<T>(const T*, const T*, T*, int64_t, bool, cudaStream_t);
+  template cudaError_t silu_backward<T>(const T*, const T*, T*, int64_t, bool, cudaStream_t);               \
+  template cudaError_t add_forward<T>(const T*, const T*, T*, int64_t, cudaStream_t);
 
 TORCHEXT_INSTANTIATE_ACTIVATIONS(float)
 TORCHEXT_INSTANTIATE_ACTIVATIONS(double)

@@ -60,6 +60,13 @@ CASES = [
     ("raw.relu_backward(torch.ones(3), torch.ones(4))", "ValueError", ["`grad_output`", "shape"]),
     ("raw.sigmoid_backward(torch.ones(3, dtype=torch.float64), torch.ones(3))", "TypeError", ["`grad_output`"]),
     ("raw.gelu_backward(torch.ones(3), torch.ones(3), approximate='x')", "ValueError", ["`approximate`"]),
+    # --- add: same shape, dtype and device (no broadcasting, no promotion)
+    ("TF.add(None, x)", "TypeError", ["`input`", "NoneType"]),
+    ("ops.add(x, 2.0)", "TypeError", ["`other`", "float"]),
+    ("TF.add(x, y[:1])", "ValueError", ["`other`", "shape", "[4, 5]", "[1, 5]"]),
+    ("TF.add(x, y.double())", "TypeError", ["`other`", "dtype", "Double"]),
+    ("TF.add(torch.arange(4), torch.arange(4))", "TypeError", ["`self`", "bfloat16", "Long"]),
+    ("raw.add(x, y.to('meta'))", "RuntimeError", ["`other`", "device", "meta"]),
     # --- softmax / log_softmax: dims, types
     ("TF.softmax([1, 2])", "TypeError", ["`input`", "list"]),
     ("TF.log_softmax(None, 0)", "TypeError", ["`input`", "NoneType"]),
@@ -335,6 +342,8 @@ CASES = [
     ("TF.conv2d(img.cuda(), cw.cuda(), torch.randn(6))", "RuntimeError", ["`bias`", "device"]),
     ("raw.softmax_backward(torch.ones(3), torch.ones(3, device='cuda'))", "RuntimeError", ["`grad_output`", "device"]),
     ("raw.relu_backward(torch.ones(3, device='cuda'), torch.ones(3))", "RuntimeError", ["`output`", "device"]),
+    ("TF.add(cx, y)", "RuntimeError", ["`other`", "device", "cuda:0"]),
+    ("TF.add(x, cy)", "RuntimeError", ["`other`", "device", "cpu"]),
     ("TF.relu(torch.arange(3, device='cuda'))", "TypeError", ["`self`", "float16"]),
     (
         "TF.batch_norm(img.cuda(), torch.zeros(4), torch.ones(4), training=True)",

@@ -53,6 +53,18 @@ def unary_group(lib):
     )
 
 
+def add_group(lib):
+    """add on contiguous and channels-last operands, and on one of each (the result takes self's layout)."""
+    f = tf.add if lib == "torchext" else torch.add
+
+    def run(a, b, a_cl, b_cl):
+        return f(a, b), f(a_cl, b_cl), f(a_cl, b), f(a, b_cl)
+
+    names = ["add", "add channels_last", "add channels_last + contiguous", "add contiguous + channels_last"]
+    layouts = ("contiguous", "contiguous", "channels_last", "channels_last")
+    return run, names, lambda device, dtype: [make_tensor(SHAPE, dtype, device, layout) for layout in layouts]
+
+
 def losses_group(lib):
     """Each loss on 4-D inputs contiguous and channels-last (cross_entropy's 4-D path moves the classes last and
     flattens) and on 2-D ones contiguous and transposed."""
@@ -238,6 +250,7 @@ def pooling_group(lib):
 
 GROUPS = {
     "unary": unary_group,
+    "add": add_group,
     "losses": losses_group,
     "products": products_group,
     "conv": conv_group,
@@ -362,6 +375,38 @@ def test_swapped_model_compiles_fullgraph(device):
     torch.testing.assert_close(loss_c, loss_s, **TOL[device], msg=lambda m: f"[loss: compiled torchext vs stock] {m}")
     names = [n for n, _ in stock.named_parameters()]
     for n, c, s in zip(names, grads_c, grads_s, strict=True):
+        torch.testing.assert_close(c, s, **TOL[device], msg=lambda m, n=n: f"[{n}.grad: compiled ours vs stock] {m}")
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_swapped_residual_model_with_forks_compiles_fullgraph(device, monkeypatch):
+    """Residual blocks (identity and downsampling shortcuts), swapped and fused, so each block's input is forked
+    (torchext.functional.fork: an autograd Function whose backward calls torchext's add), compiled with inductor and
+    fullgraph: loss and every parameter's gradient equal the stock model's, eager."""
+    # float32 at float32 accuracy, as test_ops_compile_fullgraph: with tf32 allowed (cuDNN's default) both sides run
+    # the convolutions in tf32, and five of them put the stem's weight gradient 5e-3 apart (seen on an H100).
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    torch._dynamo.reset()
+
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), torchext.models.BasicBlock(8, 8),
+            torchext.models.BasicBlock(8, 16, stride=2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 5),
+        ).to(device)  # fmt: skip
+
+    stock, ours = make(), make()
+    report = torchext.swap_modules(ours)
+    assert len(report.graph_forks) == 2, f"[swap report] one fork per block expected:\n{report}"
+    model = report.model
+    x = make_tensor((4, 3, 8, 8), torch.float32, device, "channels_last")
+    compiled = torch.compile(model, backend="inductor", fullgraph=True)
+    loss_c = compiled(x).square().mean()
+    grads_c = torch.autograd.grad(loss_c, list(model.parameters()))
+    loss_s = stock(x).square().mean()
+    grads_s = torch.autograd.grad(loss_s, list(stock.parameters()))
+    torch.testing.assert_close(loss_c, loss_s, **TOL[device], msg=lambda m: f"[loss: compiled torchext vs stock] {m}")
+    for (n, _), c, s in zip(stock.named_parameters(), grads_c, grads_s, strict=True):
         torch.testing.assert_close(c, s, **TOL[device], msg=lambda m, n=n: f"[{n}.grad: compiled ours vs stock] {m}")
 
 

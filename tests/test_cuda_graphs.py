@@ -56,6 +56,7 @@ OPS = {
     "gelu": (TF.gelu, (33, 65), lambda x: ()),
     "gelu_tanh": (lambda x: TF.gelu(x, approximate="tanh"), (33, 65), lambda x: ()),
     "silu": (TF.silu, (33, 65), lambda x: ()),
+    "add": (TF.add, (33, 65), lambda x: (torch.randn_like(x),)),
     "softmax": (lambda x: TF.softmax(x, dim=-1), (33, 65), lambda x: ()),
     "log_softmax": (lambda x: TF.log_softmax(x, dim=1), (33, 65), lambda x: ()),
     "cross_entropy": (lambda x, t: TF.cross_entropy(x, t), (64, 10), lambda x: (_targets(64, 10, x.device),)),

@@ -300,6 +300,19 @@ def test_activation_matches_torch(name, device, data):
         assert_matches_torch(out, expected, getattr(F, name)(before.double(), **kwargs), f"{what} inplace=True")
 
 
+@pytest.mark.parametrize("device", device_params())
+@PROFILE
+@given(data=st.data())
+def test_add_matches_torch(device, data):
+    """add, both operands in drawn layouts (each its own): torch.add of two tensors of one shape and dtype. Its
+    kernels take all four floating dtypes on the CPU too."""
+    dtype = data.draw(st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]), label="dtype")
+    shape = data.draw(shapes(), label="shape")
+    a = data.draw(values(shape, dtype, device), label="self")
+    b = data.draw(values(shape, dtype, device), label="other")
+    check_op(f"add {tuple(shape)} {dtype}", TF.add, torch.add, (a, b), grad_args=(0, 1))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # softmax, log_softmax
 

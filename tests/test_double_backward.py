@@ -91,6 +91,15 @@ def test_unary_gradgradcheck(name, device):
 
 
 @pytest.mark.parametrize("device", device_params())
+def test_add_gradgradcheck(device):
+    """add's backward passes grad_output to both inputs: its second derivative is zero, and the gradient with respect
+    to grad_output is the identity, through the same Function."""
+    for shape in ((3, 5), (4,)):
+        assert gradgradcheck(TF.add, (f64(shape, device), f64(shape, device))), f"[add {shape}]"
+    assert gradgradcheck(TF.add, (f64((4, 3), device, layout="transposed"), f64((4, 3), device))), "[add transposed]"
+
+
+@pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
 def test_cross_entropy_gradgradcheck(device, reduction, weighted):

@@ -81,6 +81,15 @@ def _elementwise_backward(name):
     return samples
 
 
+def _add(device, dtype):
+    # The result's layout comes from self, whatever other's: each layout on each side, as for the backward ops.
+    for case, layout, shape in LAYOUTS_4D:
+        base = "channels_last" if layout == "contiguous" and case != "empty" else "contiguous"
+        for a_layout, b_layout in ((base, layout), (layout, base), (layout, layout)):
+            a = make_tensor(shape, dtype, device, a_layout)
+            yield f"self {a_layout}, other {b_layout} ({case})", (a, make_tensor(shape, dtype, device, b_layout)), {}
+
+
 def _reductions(case, *reductions):
     """The reductions to sample; for an empty input 'sum' stands in for 'mean', whose 0/0 = NaN (as torch's) opcheck
     cannot compare."""
@@ -358,6 +367,7 @@ def _adaptive_avg_pool2d_backward(device, dtype):
 SAMPLES = {
     **{name: _elementwise_forward(name) for name in ELEMENTWISE},
     **{f"{name}_backward": _elementwise_backward(name) for name in ELEMENTWISE},
+    "add": _add,
     "mse_loss": _pointwise_loss("mse_loss"),
     "mse_loss_backward": _pointwise_loss_backward("mse_loss_backward"),
     "binary_cross_entropy_with_logits": _pointwise_loss("binary_cross_entropy_with_logits"),
@@ -456,6 +466,7 @@ def test_fake_matches_real(name, device, dtype):
 # The arguments each forward op differentiates (opcheck's autograd test needs inputs that require grad; the
 # losses raise for a weight's gradient): index 0 unless listed. Backward ops and matmul_kernel get none.
 _GRAD_ARGS = {
+    "add": (0, 1),
     "mse_loss": (0, 1),
     "binary_cross_entropy_with_logits": (0, 1),
     "matmul": (0, 1),

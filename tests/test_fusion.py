@@ -1,5 +1,6 @@
 """swap_modules' graph fusions (torchext/fusion.py): BatchNorm + ReLU and BatchNorm + residual add + ReLU found with
-torch.fx in torchvision's ResNets and torchext's resnet18_cifar, against the stock model in float64."""
+torch.fx in torchvision's ResNets and torchext's resnet18_cifar, against the stock model in float64; and the forks of
+each block's input, whose gradients meet in torchext's add, against the same swapped model without them."""
 
 import copy
 import pickle
@@ -12,6 +13,7 @@ from conftest import device_params
 from torch import nn
 
 import torchext
+from torchext import fusion
 from torchext import nn as tnn
 
 
@@ -21,6 +23,10 @@ def _models():
         "torchvision_resnet18": (lambda: torchvision.models.resnet18(num_classes=10), (2, 3, 32, 32), 1 + 8 * 2),
         "torchvision_resnet50": (lambda: torchvision.models.resnet50(num_classes=10), (4, 3, 64, 64), 1 + 16 * 3),
     }
+
+
+# Forks per model: one per block, at its input (used by its first convolution and by its shortcut).
+FORKS = {"resnet18_cifar": 8, "torchvision_resnet18": 8, "torchvision_resnet50": 16}
 
 
 def _randomize_bn(model):
@@ -241,3 +247,159 @@ def test_fused_model_guards_its_fused_layers_and_still_compiles():
     torch._dynamo.reset()
     compiled = torch.compile(fused, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(compiled(x), stock(x))
+
+
+def _fork_nodes(model):
+    return [n for n in model.graph.nodes if n.op == "call_function" and n.target is torchext.functional.fork]
+
+
+@pytest.mark.parametrize("name", list(_models()))
+def test_forks_found_and_reported(name):
+    _, report, _, fusions = _pair(name)
+    forks = FORKS[name]
+    assert len(report.graph_forks) == forks, str(report)
+    assert len(report.graph_fused) == fusions, "[the forks are not counted as BatchNorm fusions]"
+    assert all(f.pattern == "fork" and f.new == "torchext.functional.fork" for f in report.graph_forks)
+    nodes = _fork_nodes(report.model)
+    assert len(nodes) == forks and all(n.args[1] == 2 for n in nodes), "[one fork of 2 aliases per block]"
+    text = str(report)
+    assert "forked by torch.fx" in text and f"{forks} fork(s)" in text, text
+    assert report.counts["graph_forks"] == forks and report.as_dict()["graph_forks"][0]["pattern"] == "fork"
+    assert f"{forks} fork(s)" in report.graph_note
+    if name == "resnet18_cifar":
+        modules = [f.modules for f in report.graph_forks]
+        assert modules[0] == "bn1 -> layer1.0.conv1 + layer1.0.bn2", modules
+        assert "layer1.1.bn2 -> layer2.0.downsample.0 + layer2.0.conv1" in modules, modules
+
+
+def _unforked(name, monkeypatch):
+    """The same swapped and fused model, without the forks."""
+    with monkeypatch.context() as m:
+        m.setattr(fusion, "_insert_forks", lambda gm, report: 0)
+        _, report, _, _ = _pair(name)
+    assert not _fork_nodes(report.model) and not report.graph_forks
+    return report.model
+
+
+def _add_calls(model, x, g):
+    """Backward of model(x) along g, counting the adds it runs: (torchext's, ATen's out-of-place and in-place)."""
+    out = model(x)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out.backward(g)
+    names = [e.name for e in prof.events()]
+    return out, (names.count("torchext::add"), names.count("aten::add"), names.count("aten::add_"))
+
+
+@pytest.mark.parametrize("name", ["resnet18_cifar", "torchvision_resnet18"])
+def test_forked_gradients_equal_the_unforked_models_bit_for_bit(name, monkeypatch):
+    """torchext's add sums the two gradients of each block's input where autograd's own accumulation (ATen's add)
+    did: the same a + b, so outputs, every gradient and the running statistics are the same bits, training and
+    eval; and each fork's add replaces one of ATen's."""
+    _, report, shape, _ = _pair(name)
+    forked, plain = report.model, _unforked(name, monkeypatch)
+    for step in range(2):
+        x = torch.randn(shape, dtype=torch.float64)
+        xs = [x.clone().requires_grad_() for _ in range(2)]
+        g = torch.randn(shape[0], 10, dtype=torch.float64)  # the models' 10 classes
+        (out_f, adds_f), (out_p, adds_p) = (_add_calls(m, xi, g) for m, xi in zip((forked, plain), xs, strict=True))
+        assert torch.equal(out_f, out_p), f"[output, step {step}]"
+        assert torch.equal(xs[0].grad, xs[1].grad), f"[input gradient, step {step}]"
+        assert adds_f[0] == FORKS[name] and adds_p[0] == 0, f"[torchext adds: forked {adds_f}, unforked {adds_p}]"
+        assert sum(adds_p[1:]) - sum(adds_f[1:]) == FORKS[name], f"[ATen adds: forked {adds_f}, unforked {adds_p}]"
+    plain_params = dict(plain.named_parameters())
+    for k, p in forked.named_parameters():
+        assert torch.equal(p.grad, plain_params[k].grad), f"[{k}.grad]"
+    plain_buffers = dict(plain.named_buffers())
+    for k, b in forked.named_buffers():
+        assert torch.equal(b, plain_buffers[k]), f"[{k}]"
+    forked.eval()
+    plain.eval()
+    x = torch.randn(shape, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(forked(x), plain(x)), "[eval output]"
+
+
+def test_fork_hands_out_the_tensor_itself_without_grad():
+    x = torch.randn(3, 4)
+    assert all(a is x for a in torchext.functional.fork(x, 3))
+    w = x.clone().requires_grad_()
+    with torch.no_grad():
+        assert all(a is w for a in torchext.functional.fork(w, 2))
+    a, b = torchext.functional.fork(w, 2)
+    assert a is not b and a._base is w and b._base is w
+    with pytest.raises(RuntimeError, match="is a view and is being modified inplace"):
+        a.add_(1)  # an alias written in place would hide the write from the other user's gradient
+
+
+def test_fork_backward_sums_with_torchext_add_skipping_missing_gradients():
+    w = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    a, b, c = torchext.functional.fork(w, 3)
+    (g,) = torch.autograd.grad((a * 2).sum() + (c * 3).sum(), w)  # b unused: None, skipped
+    assert torch.equal(g, torch.full_like(w, 5.0))
+    (g,) = torch.autograd.grad((a * 2).sum(), w)  # one gradient: returned as is
+    assert torch.equal(g, torch.full_like(w, 2.0))
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda t: [u.sin() * v for u, v in [torchext.functional.fork(t, 2)]][0], (x,))
+
+
+class _SharedInputs(nn.Module):
+    """x feeds two torchext modules (a fork); y feeds a module and an in-place-capable method call (no fork); the
+    model's input feeds two modules (a placeholder: no fork)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(3)
+        self.conv_a, self.conv_b = nn.Conv2d(3, 3, 1), nn.Conv2d(3, 3, 1)
+        self.conv_c, self.conv_d = nn.Conv2d(3, 3, 1), nn.Conv2d(3, 3, 1)
+
+    def forward(self, inp):
+        x = F.relu(self.bn(inp))
+        y = self.conv_c(inp) + self.conv_d(inp)
+        return self.conv_a(x) + self.conv_b(x) + y.mul(2) + self.conv_c(y)
+
+
+def test_forks_only_where_every_user_is_a_torchext_module():
+    torch.manual_seed(0)
+    model = _SharedInputs().double()
+    stock = copy.deepcopy(model)
+    report = torchext.swap_modules(model)
+    assert [f.modules for f in report.graph_forks] == ["bn -> conv_a + conv_b"], str(report)
+    x = torch.randn(2, 3, 4, 5, dtype=torch.float64)
+    torch.testing.assert_close(report.model(x), stock(x))
+
+
+def test_fork_left_alone_where_a_user_has_a_hook():
+    torch.manual_seed(0)
+    model = _SharedInputs().double()
+    model.conv_b.register_forward_pre_hook(lambda module, args: None)
+    report = torchext.swap_modules(model)
+    assert not report.graph_forks, str(report)
+    assert ("fork", "bn -> conv_a + conv_b") in [(n.pattern, n.modules) for n in report.graph_not_fused]
+    assert "hook" in report.graph_not_fused[-1].reason
+
+
+def test_forked_model_copies_pickles_and_compiles_fullgraph():
+    """deepcopy, pickle and torch.compile(fullgraph=True) of a swapped model with forks, forward and backward: the
+    same results as the model itself (dynamo traces fork's autograd Function, its backward calls torchext's add)."""
+    stock, report, shape, _ = _pair("resnet18_cifar")
+    forked = report.model
+    x = torch.randn(shape, dtype=torch.float64)
+
+    def grads(model):
+        out = model(x)
+        params = [p for _, p in sorted(model.named_parameters())]
+        return out.detach(), torch.autograd.grad(out.square().sum(), params)
+
+    out, expected = grads(forked)
+    for what, model in (("deepcopy", copy.deepcopy(forked)), ("pickle", pickle.loads(pickle.dumps(forked)))):
+        assert len(_fork_nodes(model)) == FORKS["resnet18_cifar"], f"[{what}] forks lost"
+        out_c, got = grads(model)
+        assert torch.equal(out_c, out) and all(torch.equal(a, b) for a, b in zip(got, expected, strict=True)), (
+            f"[{what}]"
+        )
+    torch._dynamo.reset()
+    compiled = torch.compile(forked, backend="aot_eager", fullgraph=True)
+    out_c, got = grads(compiled)
+    torch.testing.assert_close(out_c, out, msg="[compiled output]")
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, msg="[compiled gradient]")

@@ -355,6 +355,7 @@ NS = "void torchext::cuda_ops::(anonymous namespace)::"
         (NS + "im2col_kernel<float>(float const*, float*)", "conv"),
         (NS + "softmax_rows_kernel<float>(float const*, float*)", "loss"),
         (NS + "transpose_copy_kernel<float>(float const*, float*)", "gemm"),
+        (NS + "binary_kernel<__nv_bfloat16, 8, " + NS[5:] + "AddForward<float> >(__nv_bfloat16 const*)", "elementwise"),
     ],
 )
 def test_kernel_family_of_torchext_names(name, family):

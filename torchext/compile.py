@@ -2,7 +2,7 @@
 that it can fuse with their neighbours (docs/compile.md).
 
 Under ``set_compile_mode("decompose")``, inductor lowers the ops in ``DECOMPOSABLE`` (the elementwise activations and
-softmax / log_softmax, forward and backward: ops whose torchext kernel is one pass over memory, which inductor
+softmax / log_softmax, forward and backward, and add: ops whose torchext kernel is one pass over memory, which inductor
 generates as well and can fuse into the producer's or consumer's kernel) to the ATen ops with the same math. The
 decompositions apply below autograd, so torchext's autograd (csrc/autograd.cpp) still decides what is saved and
 which backward op runs; only the kernels change. Eager calls, and backends other than inductor, are not affected.
@@ -57,6 +57,7 @@ DECOMPOSABLE = {
     _ops.softmax_backward.default: _softmax_backward,
     _ops.log_softmax.default: lambda self: _aten._log_softmax.default(self, -1, False),
     _ops.log_softmax_backward.default: _log_softmax_backward,
+    _ops.add.default: lambda self, other: _aten.add.Tensor(self, other),
 }
 
 _mode = "kernels"

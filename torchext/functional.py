@@ -7,6 +7,8 @@ Differences from torch.nn.functional, all deliberate:
   last dimension).
 - conv2d takes ``activation`` (None or 'relu', fused into the kernel) and ``kernel`` (a version of the CUDA ladder)
   keywords; its output is channels-last only when ``input`` is (torch's also when only ``weight`` is).
+- Two functions torch.nn.functional does not have: ``add`` (torch.add for tensors of one shape, dtype and device) and
+  ``fork`` (aliases of a tensor used several times, whose gradients ``add`` sums: torchext/fusion.py inserts it).
 """
 
 import operator
@@ -16,6 +18,7 @@ import torch
 import torch.nn.functional as F_torch
 from torch import Tensor
 from torch.nn import _reduction as _Reduction
+from torch.overrides import handle_torch_function, has_torch_function_unary
 
 from . import ops
 from .ops._common import not_a_tensor
@@ -28,6 +31,8 @@ __all__ = [
     "tanh",
     "gelu",
     "silu",
+    "add",
+    "fork",
     "softmax",
     "log_softmax",
     "cross_entropy",
@@ -68,6 +73,45 @@ def gelu(input: Tensor, approximate: str = "none") -> Tensor:
 
 def silu(input: Tensor, inplace: bool = False) -> Tensor:
     return ops.silu(input)
+
+
+def add(input: Tensor, other: Tensor) -> Tensor:
+    """input + other for tensors of the same shape, dtype and device (torch.add without broadcasting, type promotion
+    or alpha); the result takes input's layout."""
+    return ops.add(input, other)
+
+
+class _Fork(torch.autograd.Function):
+    """n views of x; backward sums the gradients that reach them with torchext's add."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, n: int) -> tuple[Tensor, ...]:
+        ctx.set_materialize_grads(False)  # an alias whose user gave no gradient sends None, not zeros to add
+        return tuple(x.view_as(x) for _ in range(n))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        total = None
+        for g in grads:
+            if g is not None:
+                total = g if total is None else ops.add(total, g)
+        return total, None
+
+
+def fork(input: Tensor, n: int) -> tuple[Tensor, ...]:
+    """``n`` aliases of ``input``, one for each of its ``n`` users, so that autograd hands their gradients to one node
+    that adds them with ``add`` (torchext's kernel), where it would otherwise sum them itself with ATen's add (the same
+    a + b: two gradients give the same bits). Where ``input`` does not require grad, or grad mode is off, there is
+    nothing to sum: the aliases are ``input`` itself. The aliases are views made in a custom autograd Function:
+    writing into one in place raises, so give them only to users that do not (torchext's modules and ops never do).
+    swap_modules' torch.fx pass inserts it at the tensors that feed several torchext modules (torchext/fusion.py)."""
+    if has_torch_function_unary(input):  # an fx Proxy: a GraphModule re-traced when it is unpickled records the call
+        return handle_torch_function(fork, (input,), input, n)
+    if not isinstance(input, Tensor):
+        raise not_a_tensor("fork", "input", input)
+    if not (input.requires_grad and torch.is_grad_enabled()):
+        return (input,) * n
+    return _Fork.apply(input, n)
 
 
 def _softmax_like(op, name: str, input: Tensor, dim: Optional[int], dtype: Optional[torch.dtype]) -> Tensor:

@@ -1,4 +1,5 @@
-"""Fusions that span modules, found with torch.fx: BatchNorm + ReLU and BatchNorm + residual add + ReLU.
+"""Fusions that span modules, found with torch.fx: BatchNorm + ReLU and BatchNorm + residual add + ReLU; and forks
+of the tensors used twice, whose gradients then meet in torchext's add.
 
 ``swap_modules(model, fuse=True)`` calls ``fuse_batch_norm(model, report)`` after swapping module by module. It traces
 the model with ``torch.fx`` (torch.nn and torchext.nn modules are leaves) and rewrites, in the traced graph:
@@ -16,11 +17,30 @@ sharing those tensors. A pattern is left alone, and reported with its reason, wh
 elsewhere too (the ReLU would change what that other user sees), when the BatchNorm module is called more than once, or
 when it carries hooks.
 
-The result is a ``torch.fx.GraphModule`` holding the model's Parameters and buffers (so an optimizer built on the
-model's parameters still trains it; ``state_dict`` keys and their order are the model's); ``model.eval()``, ``train()``,
-DataParallel / DDP wrapping, ``torch.compile`` and ``state_dict`` round trips work on it as on the model. A model that
-fx cannot trace (data-dependent control flow, hooks on the model itself) is returned unchanged, with the reason in the
-report: its modules are still swapped one by one.
+Then the forks. Where a tensor feeds several modules (a residual block's input goes to its first convolution and to
+the shortcut: the fused BatchNorm's residual argument, or the downsampling convolution), autograd sums the gradients
+that come back to it with ATen's add: in a fully swapped ResNet-18, 8 kernels per step (one per block), the largest
+piece of its GPU time left outside torchext (issue 19). After the fusions, each such tensor ``x`` with ``n`` users gets
+``torchext.functional.fork(x, n)``: ``n`` aliases of ``x`` (views), one per user, whose backward sums the incoming
+gradients with ``torchext.ops.add`` instead (the same a + b; for two users the same bits). Where ``x`` does not
+require grad at run time (eval under ``torch.no_grad()``, a frozen stem) the fork hands out ``x`` itself. Each fork is
+reported (``report.graph_forks``: pattern 'fork', the producer and its users). Kept conservative, a tensor is forked
+only where that cannot change what any user sees:
+
+- it is the output of a call in the graph (not the model's input, a placeholder, nor a parameter or buffer);
+- all its users, two or more, are modules of exactly a torchext.nn class (swapped or fused): torchext's modules
+  never write into their inputs, while an alias written in place would raise (it is a view made in a custom autograd
+  Function), and a function or method call, or a stock module such as ``nn.ReLU(inplace=True)``, might;
+- no user module carries hooks (a forward pre-hook could write into its input): such a tensor is left alone and
+  reported with the reason in ``report.graph_not_fused``.
+
+The pass runs where the model is traced, so only for models with a BatchNorm2d, as the fusions.
+
+The result (where something was fused or forked) is a ``torch.fx.GraphModule`` holding the model's Parameters and
+buffers (so an optimizer built on the model's parameters still trains it; ``state_dict`` keys and their order are the
+model's); ``model.eval()``, ``train()``, DataParallel / DDP wrapping, ``torch.compile`` and ``state_dict`` round trips
+work on it as on the model. A model that fx cannot trace (data-dependent control flow, hooks on the model itself) is
+returned unchanged, with the reason in the report: its modules are still swapped one by one.
 
 A fused BatchNorm module computes more than its class's name says (the ReLU, and the add, left the graph), so the
 GraphModule refuses to have one replaced by a module of another kind: ``nn.SyncBatchNorm.convert_sync_batchnorm``,
@@ -39,15 +59,18 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
+from . import functional as tf
 from . import nn as tnn
 
 __all__ = ["GraphFused", "GraphNotFused", "fuse_batch_norm"]
 
 
 class GraphFused(NamedTuple):
-    pattern: str  # 'bn+relu' or 'bn+add+relu'
-    modules: str  # the modules (and the add) that became one, e.g. 'layer1.0.bn2 + add + layer1.0.relu'
-    new: str  # the BatchNorm module's new class
+    pattern: str  # 'bn+relu', 'bn+add+relu' or 'fork'
+    # the modules (and the add) that became one, e.g. 'layer1.0.bn2 + add + layer1.0.relu'; for a fork, the tensor's
+    # producer and the modules that share it, e.g. 'layer1.0.bn2 -> layer1.1.conv1 + layer1.1.bn2'
+    modules: str
+    new: str  # the BatchNorm module's new class; for a fork, 'torchext.functional.fork'
 
 
 class GraphNotFused(NamedTuple):
@@ -122,6 +145,8 @@ def _fused_copy(bn: nn.Module, cls: type) -> nn.Module:
 
 
 _FUSED_CLASSES = (tnn.BatchNormReLU2d, tnn.BatchNormAddReLU2d)
+# The modules a forked tensor may feed: torchext.nn's own classes, none of which writes into its input.
+_FORKABLE_USERS = frozenset(getattr(tnn, name) for name in tnn.__all__)
 
 
 def _check_replacement(parent: nn.Module, name: str, module: object) -> None:
@@ -209,12 +234,41 @@ def _restore_module_tree(gm: fx.GraphModule, model: nn.Module) -> None:
         target._modules = type(target._modules)((k, target._modules[k]) for k in order + rest)
 
 
+def _insert_forks(gm: fx.GraphModule, report) -> int:
+    """Gives every tensor of ``gm``'s graph that feeds several torchext modules a ``torchext.functional.fork`` (the
+    rules are the module docstring's), reporting each fork in ``report.graph_forks`` and each tensor left alone for a
+    hook in ``report.graph_not_fused``. Returns the number of forks."""
+    forks = 0
+    for node in list(gm.graph.nodes):
+        users = list(node.users)
+        if node.op not in ("call_module", "call_function", "call_method") or len(users) < 2:
+            continue
+        if not all(u.op == "call_module" and type(_module(gm, u)) in _FORKABLE_USERS for u in users):
+            continue
+        names = f"{_name(gm, node)} -> " + " + ".join(str(u.target) for u in users)
+        if any(_has_hooks(_module(gm, u)) for u in users):
+            report.graph_not_fused.append(
+                GraphNotFused("fork", names, "a hook is registered on a module that shares the tensor")
+            )
+            continue
+        with gm.graph.inserting_after(node):
+            fork = gm.graph.call_function(tf.fork, (node, len(users)))
+        for i, user in enumerate(users):
+            with gm.graph.inserting_before(user):
+                alias = gm.graph.call_function(operator.getitem, (fork, i))
+            user.replace_input_with(node, alias)
+        forks += 1
+        report.graph_forks.append(GraphFused("fork", names, "torchext.functional.fork"))
+    return forks
+
+
 def fuse_batch_norm(model: nn.Module, report) -> nn.Module:
-    """Rewrites ``model``'s BatchNorm + ReLU and BatchNorm + add + ReLU patterns (see the module docstring) and
-    records each fusion (``report.graph_fused``; ``report.fused_bn`` maps each fused BatchNorm's name to its (old,
-    new) class), each pattern left unfused (``report.graph_not_fused``) and how the model was handled
-    (``report.graph_note``) in ``report`` (a ``SwapReport``). Returns the model to use: a
-    GraphModule when something was fused, else ``model`` itself."""
+    """Rewrites ``model``'s BatchNorm + ReLU and BatchNorm + add + ReLU patterns, then forks the tensors that feed
+    several torchext modules (see the module docstring), and records each fusion (``report.graph_fused``;
+    ``report.fused_bn`` maps each fused BatchNorm's name to its (old, new) class), each fork (``report.graph_forks``),
+    each pattern left alone (``report.graph_not_fused``) and how the model was handled (``report.graph_note``) in
+    ``report`` (a ``SwapReport``). Returns the model to use: a GraphModule when something was fused or forked, else
+    ``model`` itself."""
     bn_classes = (nn.BatchNorm2d, tnn.BatchNorm2d)
     if not any(type(m) in bn_classes for m in model.modules()):
         return model
@@ -285,13 +339,14 @@ def fuse_batch_norm(model: nn.Module, report) -> nn.Module:
         fused_any = True
         report.graph_fused.append(GraphFused(pattern, names, f"torchext.nn.{new_cls.__name__}"))
         report.fused_bn[str(bn_node.target)] = (old_cls, new_cls)
-    if not fused_any:
-        report.graph_note = "traced with torch.fx: no BatchNorm pattern to fuse"
+    forks = _insert_forks(gm, report)
+    if not fused_any and not forks:
+        report.graph_note = "traced with torch.fx: no BatchNorm pattern to fuse and no tensor to fork"
         return model
     _restore_module_tree(gm, model)
     _guard_fused_parents(gm)
     gm.graph.lint()
     gm.recompile()
     gm.train(model.training)
-    report.graph_note = f"traced with torch.fx: {len(report.graph_fused)} BatchNorm fusion(s)"
+    report.graph_note = f"traced with torch.fx: {len(report.graph_fused)} BatchNorm fusion(s), {forks} fork(s)"
     return gm

@@ -178,9 +178,11 @@ class SwapReport:
         self.not_fused: list[NotFused] = []
         self.left_stock: list[LeftStock] = []
         self.already_torchext: list[AlreadyTorchext] = []
-        # The torch.fx fusions (torchext/fusion.py): what became one fused BatchNorm, what was left and why, how the
-        # model was handled (traced, or not traceable), and each fused BatchNorm's (old, new) class by name.
+        # The torch.fx rewrites (torchext/fusion.py): what became one fused BatchNorm, the tensors forked so that
+        # their gradients meet in torchext's add, what was left and why, how the model was handled (traced, or not
+        # traceable), and each fused BatchNorm's (old, new) class by name.
         self.graph_fused: list = []
+        self.graph_forks: list = []
         self.graph_not_fused: list = []
         self.graph_note: str | None = None
         self.fused_bn: dict = {}
@@ -188,7 +190,8 @@ class SwapReport:
     @property
     def counts(self) -> dict[str, object]:
         """Totals, and per class: {'replaced', 'fused', 'not_fused', 'left_stock', 'already_torchext',
-        'replaced_by_class' (old class -> n), 'left_stock_by_class' (class -> n)}."""
+        'graph_fused' (BatchNorm fusions), 'graph_forks', 'replaced_by_class' (old class -> n),
+        'left_stock_by_class' (class -> n)}."""
         return {
             "replaced": len(self.replaced),
             "fused": len(self.fused),
@@ -196,6 +199,7 @@ class SwapReport:
             "left_stock": len(self.left_stock),
             "already_torchext": len(self.already_torchext),
             "graph_fused": len(self.graph_fused),
+            "graph_forks": len(self.graph_forks),
             "replaced_by_class": dict(Counter(r.old for r in self.replaced)),
             "left_stock_by_class": dict(Counter(s.cls for s in self.left_stock)),
         }
@@ -210,6 +214,7 @@ class SwapReport:
             "left_stock": [s._asdict() for s in self.left_stock],
             "already_torchext": [a._asdict() for a in self.already_torchext],
             "graph_fused": [f._asdict() for f in self.graph_fused],
+            "graph_forks": [f._asdict() for f in self.graph_forks],
             "graph_not_fused": [n._asdict() for n in self.graph_not_fused],
             "graph_note": self.graph_note,
         }
@@ -227,6 +232,7 @@ class SwapReport:
             f"swap_modules: {c['replaced']} replaced, {c['fused']} Linear+activation pair(s) fused, "
             f"{c['left_stock']} left stock, {c['already_torchext']} already torchext"
             + (f", {c['graph_fused']} BatchNorm fusion(s)" if c["graph_fused"] else "")
+            + (f", {c['graph_forks']} fork(s)" if c["graph_forks"] else "")
         ]
         if self.graph_note:
             lines.append(f"graph fusions: {self.graph_note}")
@@ -237,6 +243,7 @@ class SwapReport:
             ("left stock", ("module", "class", "reason"), self.left_stock),
             ("already torchext", ("module", "class"), self.already_torchext),
             ("fused by torch.fx", ("pattern", "modules", "now"), self.graph_fused),
+            ("forked by torch.fx", ("pattern", "tensor -> users", "now"), self.graph_forks),
             ("not fused by torch.fx", ("pattern", "modules", "reason"), self.graph_not_fused),
         ]
         for title, header, rows in sections:
@@ -291,8 +298,9 @@ def swap_modules(
     torchext's, in place (``inplace=True``) or in a deep copy. With ``fuse=True``: Linear + ReLU/GELU/SiLU pairs of a
     Sequential become one Linear (which needs both ``linear`` and ``activations``), and, with ``batch_norm`` and
     ``activations``, BatchNorm + ReLU and BatchNorm + residual add + ReLU found by torch.fx become one fused
-    BatchNorm (torchext/fusion.py; ``report.model`` is then a ``torch.fx.GraphModule`` holding the same modules and
-    parameters). Returns a ``SwapReport``; ``report.model`` is the swapped model: use it.
+    BatchNorm, and a tensor that feeds several torchext modules (a residual block's input) is forked so that its
+    gradients are summed by torchext's add (torchext/fusion.py; ``report.model`` is then a ``torch.fx.GraphModule``
+    holding the same modules and parameters). Returns a ``SwapReport``; ``report.model`` is the swapped model: use it.
 
     Swap before wrapping the model in ``torch.compile`` or DistributedDataParallel.
     """

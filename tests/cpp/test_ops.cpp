@@ -82,6 +82,13 @@ void check_gelu(const std::string& d) {
   }
 }
 void check_silu(const std::string& d) { check_unary(d, torchext::silu, at::silu, "silu"); }
+// add, with a contiguous `other` (the result takes x's layout whatever other's).
+void check_add(const std::string& d) {
+  const auto other = [](const Tensor& x) { return at::linspace(-2, 3, x.numel(), x.options()).reshape(x.sizes()); };
+  check_unary(
+      d, [&](const Tensor& x) { return torchext::add(x, other(x)); },
+      [&](const Tensor& x) { return at::add(x, other(x)); }, "add");
+}
 
 void check_softmax_like(const std::string& device, bool log) {
   const Tensor x = leaf(torch::randn({4, 5, 6}), device);
@@ -452,6 +459,7 @@ const std::map<std::string, std::function<void(const std::string&)>> kOpChecks =
     {"tanh", check_tanh},
     {"gelu", check_gelu},
     {"silu", check_silu},
+    {"add", check_add},
     {"softmax", check_softmax},
     {"log_softmax", check_log_softmax},
     {"cross_entropy", check_cross_entropy},

@@ -1,8 +1,8 @@
-// torchext's activations from C++: relu, leaky_relu, sigmoid, tanh, gelu, silu, and their torch::nn-style modules.
-// Each function calls the registered op (torchext::<name>) through the dispatcher, so it runs the same kernels and
-// C++ autograd (double backward included) as torch.ops.torchext.<name> from Python. Elementwise: any shape and
-// strides, the result takes the input's memory format. dtypes: float32 and float64 on CPU; float16, bfloat16,
-// float32 and float64 on CUDA. Source: csrc/activations_api.cpp.
+// torchext's activations from C++: relu, leaky_relu, sigmoid, tanh, gelu, silu, and their torch::nn-style modules;
+// and add. Each function calls the registered op (torchext::<name>) through the dispatcher, so it runs the same
+// kernels and C++ autograd (double backward included) as torch.ops.torchext.<name> from Python. Elementwise: any shape
+// and strides, the result takes the input's memory format. dtypes: float32 and float64 on CPU; float16, bfloat16,
+// float32 and float64 on CUDA (add: all four on both). Source: csrc/activations_api.cpp.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,6 +22,9 @@ at::Tensor tanh(const at::Tensor& input);
 // approximate: "none" (the erf form) or "tanh".
 at::Tensor gelu(const at::Tensor& input, std::string_view approximate = "none");
 at::Tensor silu(const at::Tensor& input);
+// input + other, of the same shape, dtype and device (no broadcasting, no type promotion): the residual add where it
+// is not fused into batch_norm_add_relu.
+at::Tensor add(const at::Tensor& input, const at::Tensor& other);
 
 namespace nn {
 
