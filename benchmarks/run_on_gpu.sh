@@ -5,7 +5,7 @@
 # (TORCHEXT_HYPOTHESIS_PROFILE=gpu unless set).
 #
 #   OUT=out bash benchmarks/run_on_gpu.sh [build] [test] [memcheck] [racecheck] [synccheck] [bench] [matmul] [memory]
-#                                         [host] [conv2d] [batch_norm] [pooling] [loop] [resnet18_imagenet] [compare]
+#                                         [host] [conv2d] [batch_norm] [pooling] [optim] [loop] [resnet18_imagenet] [compare]
 #                                         [ddp] [notebooks] [cpp]
 #   (default: the first four)
 # ONLY_TESTS (e.g. "tests/test_matmul.py tests/test_conv2d.py") narrows the test stage to those files, GPU tests only.
@@ -16,6 +16,7 @@
 # batch_norm runs benchmarks/bench_batch_norm.py (BN + ReLU and BN + add + ReLU fwd+bwd against eager and torch.compile
 # at ResNet's shapes, batch 512 bf16; ~2 min, most of it torch.compile's; BATCH_NORM_ARGS e.g. --no-compile).
 # pooling runs benchmarks/bench_pooling.py (ResNet-18's pools against torch, bf16 channels-last and fp32 NCHW, ~20 s).
+# optim runs benchmarks/bench_optim.py (torchext.optim.SGD's step against torch.optim.SGD's foreach and fused forms, ~20 s).
 # loop runs benchmarks/bench_loop.py: torchext-compare's training loop against a bare loop of the same step, both
 # models, stock and torchext (~1 min on an H100; LOOP_ARGS e.g. "--models resnet18_cifar --rounds 3").
 # resnet18_imagenet runs benchmarks/bench_resnet18_imagenet.py: torchvision's ResNet-18 at 224x224, batch 128, bf16,
@@ -133,6 +134,7 @@ has conv2d && bench_stage "conv2d against cuDNN" bench_conv2d.py conv2d_gpu ${CO
 has batch_norm && bench_stage "batch norm against eager and torch.compile" bench_batch_norm.py batch_norm_gpu ${BATCH_NORM_ARGS:-}
 # shellcheck disable=SC2086
 has pooling && bench_stage "pooling against torch" bench_pooling.py pooling_gpu ${POOLING_ARGS:-}
+has optim && bench_stage "SGD step against torch" bench_optim.py optim_gpu ${OPTIM_ARGS:-}
 has loop && bench_stage "training loop against a bare loop" bench_loop.py loop_gpu --device cuda ${LOOP_ARGS:-}
 # shellcheck disable=SC2086
 has resnet18_imagenet && bench_stage "torchvision ResNet-18 at 224x224: stock, torchext, stock torch.compile" \

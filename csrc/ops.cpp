@@ -157,4 +157,15 @@ TORCH_LIBRARY(torchext, m) {
   m.def("adaptive_avg_pool2d(Tensor input, int[2] output_size) -> Tensor");
   m.def("adaptive_avg_pool2d_backward(Tensor grad_output, Tensor input) -> Tensor");
 
+  // Optimizer steps (csrc/optim_*.cpp, the checks in csrc/optim.h; the CUDA kernel is cuda_ops/optim.cu).
+  // sgd_: torch.optim.SGD's update of every params[i] (and momentum_buffers[i]) in place from grads[i], one pass per
+  // element and, on CUDA, a launch per 48 tensors; momentum_buffers is empty when momentum == 0, and
+  // is_first_step sets each buffer to its first gradient (torch's clone) instead of blending. One dtype and one
+  // device for every tensor; params dense. lr_tensor (one float32/float64 element on the params' device), if given,
+  // replaces lr and is read on the device: no host synchronization, and a captured CUDA graph follows its updates.
+  // Not differentiable (call it under torch.no_grad(), as optimizers do).
+  m.def(
+      "sgd_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, float lr, float momentum=0., "
+      "float dampening=0., float weight_decay=0., bool nesterov=False, bool maximize=False, bool is_first_step=False, "
+      "Tensor? lr_tensor=None) -> ()");
 }

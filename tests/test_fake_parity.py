@@ -364,6 +364,17 @@ def _adaptive_avg_pool2d_backward(device, dtype):
         yield f"{case}, grad_output {g_layout}", (make_tensor((*x.shape[:-2], *size), dtype, device, g_layout), x), {}
 
 
+def _sgd_(device, dtype):
+    # A mutating op with no result: the fake returns None as the real does, and opcheck checks the schema's
+    # mutation annotations (params and momentum_buffers written, grads not).
+    for layout in ("contiguous", "channels_last"):
+        ps = [make_tensor((2, 3, 4, 5), dtype, device, layout), make_tensor((7,), dtype, device, "contiguous")]
+        gs = [make_tensor(p.shape, dtype, device, layout if p.dim() == 4 else "contiguous") for p in ps]
+        bs = [torch.zeros_like(p) for p in ps]
+        yield f"momentum, {layout}", (ps, gs, bs, 0.1, 0.9, 0.0, 1e-4, True, False, False), {}
+        yield f"no momentum, {layout}", ([p.clone() for p in ps], gs, [], 0.1), {}
+
+
 SAMPLES = {
     **{name: _elementwise_forward(name) for name in ELEMENTWISE},
     **{f"{name}_backward": _elementwise_backward(name) for name in ELEMENTWISE},
@@ -393,6 +404,7 @@ SAMPLES = {
     "avg_pool2d_backward": _avg_pool2d_backward,
     "adaptive_avg_pool2d": _adaptive_avg_pool2d,
     "adaptive_avg_pool2d_backward": _adaptive_avg_pool2d_backward,
+    "sgd_": _sgd_,
 }
 
 
@@ -477,6 +489,7 @@ _GRAD_ARGS = {
     "batch_norm": (0, 1, 2),
     "batch_norm_relu": (0, 1, 2),
     "batch_norm_add_relu": (0, 1, 2, 3),
+    "sgd_": (),  # not differentiable: optimizers call it under no_grad
 }
 # AOTAutograd compiles tensor programs: matmul_kernel's str result has nothing to trace there.
 _OPCHECK_UTILS = {"matmul_kernel": tuple(u for u in DEFAULT_TEST_UTILS if not u.startswith("test_aot_dispatch"))}

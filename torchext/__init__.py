@@ -2,8 +2,9 @@
 
 Everything is reached through ``torch.ops.torchext.*``; the layers above it are
 ``torchext.ops`` (typed wrappers with autograd, fake kernels and autocast rules),
-``torchext.functional`` (torch.nn.functional's signatures) and ``torchext.nn`` (modules). ``torchext.models`` and
-``torchext.data`` hold the CIFAR-10 models and data pipeline of the stock-vs-torchext training comparison;
+``torchext.functional`` (torch.nn.functional's signatures), ``torchext.nn`` (modules) and ``torchext.optim``
+(optimizers). ``torchext.models`` and ``torchext.data`` hold the CIFAR-10 models and data pipeline of the
+stock-vs-torchext training comparison;
 ``torchext.swap_modules`` turns a stock model into a torchext one and ``torchext.profiling`` measures the share of GPU
 time spent in torchext's kernels.
 
@@ -18,7 +19,7 @@ _C = load_library()
 # For CMake's find_package(torchext), as torch.utils.cmake_prefix_path is for find_package(Torch).
 cmake_prefix_path = CMAKE_PREFIX_PATH
 
-from . import functional, graphs, memory, models, nn, ops, profiling, swap  # noqa: E402
+from . import functional, graphs, memory, models, nn, ops, optim, profiling, swap  # noqa: E402
 from .nn import Linear  # noqa: E402
 from .ops import matmul  # noqa: E402
 from .swap import swap_modules  # noqa: E402
@@ -41,6 +42,7 @@ __all__ = [
     "ops",
     "functional",
     "nn",
+    "optim",
     "memory",
     "models",
     "data",

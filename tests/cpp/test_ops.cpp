@@ -452,6 +452,29 @@ void check_adaptive_avg_pool2d(const std::string& device) {
 }
 
 // The rows: registered op name -> the check of its C++ API function.
+// sgd_ against torch.optim.SGD's formula written with ATen ops, two steps (the buffer set, then blended), float64.
+void check_sgd_(const std::string& device) {
+  torch::NoGradGuard no_grad;
+  const auto opt = at::TensorOptions().dtype(at::kDouble).device(torch::Device(device));
+  std::vector<Tensor> params = {torch::randn({5, 3}, opt), torch::randn({2, 3, 4, 4}, opt).contiguous(
+                                                                at::MemoryFormat::ChannelsLast)};
+  std::vector<Tensor> bufs = {at::empty_like(params[0]), at::empty_like(params[1])};
+  std::vector<Tensor> ref_p = {params[0].clone(), params[1].clone()}, ref_b(2);
+  const double lr = 0.1, momentum = 0.9, wd = 1e-3;
+  for (int step = 0; step < 2; ++step) {
+    std::vector<Tensor> g = {torch::randn_like(params[0]), torch::randn_like(params[1])};
+    torchext::sgd_(params, g, bufs, lr, momentum, 0.0, wd, /*nesterov=*/true, false, /*is_first_step=*/step == 0);
+    for (size_t i = 0; i < 2; ++i) {
+      const Tensor d = g[i] + wd * ref_p[i];
+      ref_b[i] = step == 0 ? d : momentum * ref_b[i] + d;
+      ref_p[i] = ref_p[i] - lr * (d + momentum * ref_b[i]);
+      expect_close(params[i], ref_p[i], "sgd_ param");
+      expect_close(bufs[i], ref_b[i], "sgd_ momentum buffer");
+    }
+  }
+  EXPECT_TRUE(params[1].is_contiguous(at::MemoryFormat::ChannelsLast)) << "[sgd_] the param keeps its layout";
+}
+
 const std::map<std::string, std::function<void(const std::string&)>> kOpChecks = {
     {"relu", check_relu},
     {"leaky_relu", check_leaky_relu},
@@ -477,6 +500,7 @@ const std::map<std::string, std::function<void(const std::string&)>> kOpChecks =
     {"max_pool2d", check_max_pool2d},
     {"avg_pool2d", check_avg_pool2d},
     {"adaptive_avg_pool2d", check_adaptive_avg_pool2d},
+    {"sgd_", check_sgd_},
 };
 
 std::set<std::string> registered_torchext_ops() {

@@ -7,6 +7,7 @@ from .conv2d import conv2d, conv2d_stats
 from .cross_entropy import check_targets, cross_entropy
 from .losses import binary_cross_entropy_with_logits, mse_loss, multi_margin_loss
 from .matmul import linear, matmul, matmul_kernel
+from .optim import sgd_
 from .pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d
 from .softmax import log_softmax, softmax
 
@@ -36,4 +37,5 @@ __all__ = [
     "max_pool2d",
     "avg_pool2d",
     "adaptive_avg_pool2d",
+    "sgd_",
 ]

@@ -20,5 +20,6 @@
 #include <torchext/losses.h>
 #include <torchext/matmul.h>
 #include <torchext/memory.h>
+#include <torchext/optim.h>
 #include <torchext/pooling.h>
 #include <torchext/softmax.h>
