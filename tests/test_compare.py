@@ -165,6 +165,20 @@ def test_cnn_with_dropout_matches(tmp_path):
     assert results["config"]["channels_last"] is False and results["config"]["amp"] == "none"
 
 
+def test_sgd_recipe_steps_the_torchext_model_with_torchext_sgd(tmp_path):
+    """With an SGD recipe the torchext model's optimizer is torchext.optim.SGD (the summary says so), and the two
+    models still train alike; --no-swap-optimizer keeps torch's."""
+    for swap in (True, False):
+        out = tmp_path / str(swap)
+        results = compare.run(tiny(out, optimizer="sgd", lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4,
+                                   epochs=2, seeds=(0,), swap_optimizer=swap))  # fmt: skip
+        stock, ours = (results["seeds"][0]["models"][n]["epochs"] for n in ("stock", "torchext"))
+        assert ours[0]["train_loss"] == pytest.approx(stock[0]["train_loss"], rel=1e-4)
+        assert ours[1]["val_loss"] == pytest.approx(stock[1]["val_loss"], rel=1e-3)
+        said = "its optimizer torchext.optim.SGD" in (out / "out" / "summary.md").read_text()
+        assert said == swap, f"[swap_optimizer={swap}] the summary's layers line"
+
+
 def test_summary_numbers(mlp_run):
     results, _, _ = mlp_run
     s = results["summary"]
@@ -393,6 +407,7 @@ def test_cli_parsing_and_argv_round_trip():
         CompareConfig(model="cnn_cifar", cuda_graphs=True),
         CompareConfig(model="cnn_cifar", compile_mode="max-autotune-no-cudagraphs"),
         CompareConfig(model="cnn_cifar", compile=True, torchext_compile="decompose"),
+        CompareConfig(swap_optimizer=False),
     ):
         back = compare.config_from_args(compare.build_parser().parse_args(c.to_argv()))
         assert back == c, f"[to_argv] {c.to_argv()}"

@@ -90,6 +90,8 @@ class CompareConfig:
     out:              output folder.
     swap_linear, swap_conv, swap_activations, fuse: passed to ``torchext.swap_modules`` (as linear, conv,
                       activations, fuse).
+    swap_optimizer:   the torchext model's SGD is ``torchext.optim.SGD`` (the same update on torchext's kernel);
+                      Adam, and SGD under ``cuda_graphs``, stay torch's.
     profile_steps:    training steps profiled for the GPU-time share (CUDA only; 0 skips it).
     val_batch_size:   batch size of the validation passes.
     quiet:            no progress bars and no per-epoch lines.
@@ -126,6 +128,7 @@ class CompareConfig:
     swap_conv: bool = False
     swap_activations: bool = True
     fuse: bool = True
+    swap_optimizer: bool = True
     profile_steps: int = 10
     val_batch_size: int = 1000
     quiet: bool = False
@@ -248,7 +251,15 @@ class CompareConfig:
         return argv
 
 
-_BOOL_OPTIONAL = ("nesterov", "channels_last", "swap_linear", "swap_conv", "swap_activations", "fuse")
+_BOOL_OPTIONAL = (
+    "nesterov",
+    "channels_last",
+    "swap_linear",
+    "swap_conv",
+    "swap_activations",
+    "fuse",
+    "swap_optimizer",
+)
 
 
 def _check_seeds(seeds) -> None:
@@ -387,6 +398,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--swap-activations", action=argparse.BooleanOptionalAction, default=True, help="swap activation modules"
     )
     p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True, help="fuse Linear + activation pairs")
+    p.add_argument(
+        "--swap-optimizer",
+        action=argparse.BooleanOptionalAction,
+        default=d.swap_optimizer,
+        help="train the torchext model with torchext.optim.SGD (SGD recipes, not under --cuda-graphs)",
+    )
     p.add_argument(
         "--profile-steps",
         type=int,

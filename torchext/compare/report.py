@@ -282,6 +282,9 @@ def _layers_text(results: dict) -> str | None:
     if fused:
         text += f" ({fused} Linear + activation pair(s) fused into one torchext.nn.Linear each)"
     text += "; its loss is torchext.nn.CrossEntropyLoss"
+    cfg = results.get("config") or {}
+    if cfg.get("optimizer") == "sgd" and cfg.get("swap_optimizer", False) and not cfg.get("cuda_graphs"):
+        text += " and its optimizer torchext.optim.SGD"
     if stock:
         text += f". Left stock: {', '.join(f'{n} x {cls}' for cls, n in stock.items())}"
     return text + " (the swap report is at the end)."

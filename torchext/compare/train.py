@@ -197,7 +197,10 @@ def _make_contender(name, net, criterion, cfg: CompareConfig, device, dist: _Dis
     # synchronize the host (torchext/graphs.py).
     lr = torch.tensor(cfg.lr, device=device) if cfg.cuda_graphs else cfg.lr
     if cfg.optimizer == "sgd":
-        optimizer = torch.optim.SGD(
+        import torchext
+
+        ours = name == "torchext" and cfg.swap_optimizer and not cfg.cuda_graphs
+        optimizer = (torchext.optim.SGD if ours else torch.optim.SGD)(
             net.parameters(),
             lr=lr,
             momentum=cfg.momentum,
