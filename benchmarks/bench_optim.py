@@ -51,9 +51,11 @@ def main():
     env = environment(args.device)
     writer = CsvWriter(args.out, env) if args.out else None
     print(f"# SGD step ({env['gpu']}, torch {env['torch']}, CUDA {env['cuda']}, {env['date']})\n")
-    print("Momentum 0.9, Nesterov, weight decay 5e-4, float32 parameters with gradients; median (p20-p80) of "
-          f"{args.reps} steps each, interleaved. wall: CUDA events around optimizer.step() (host overhead included); "
-          "GPU: the profiler's kernel time per step. GB/s: 20 bytes per parameter over the GPU time.\n")
+    print(
+        "Momentum 0.9, Nesterov, weight decay 5e-4, float32 parameters with gradients; median (p20-p80) of "
+        f"{args.reps} steps each, interleaved. wall: CUDA events around optimizer.step() (host overhead included); "
+        "GPU: the profiler's kernel time per step. GB/s: 20 bytes per parameter over the GPU time.\n"
+    )
     print("| model | tensors | parameters | optimizer | wall us | GPU us | kernels per step | GB/s | wall vs foreach |")
     print("|---|---|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
@@ -80,7 +82,7 @@ def main():
         fns = [stepper(opt, params) for _, opt, params in setups]
         walls = time_interleaved(fns, args.device, warmup=10, reps=args.reps)
         rows = []
-        for (provider, opt, params), fn, wall in zip(setups, fns, walls):
+        for (provider, _, _), fn, wall in zip(setups, fns, walls, strict=True):
             if args.device == "cpu":
                 gpu, kernels = None, None
             else:
@@ -91,16 +93,28 @@ def main():
         for provider, wall, gpu, kernels in rows:
             gbs = 20 * n / (gpu.p50 * 1e-6) / 1e9 if gpu else None
             print(
-                f"| {model} | {len(base)} | {n / 1e6:.2f} M | {provider} | {wall.p50:.1f} ({wall.p20:.1f}-{wall.p80:.1f}) "
+                f"| {model} | {len(base)} | {n / 1e6:.2f} M | {provider} "
+                f"| {wall.p50:.1f} ({wall.p20:.1f}-{wall.p80:.1f}) "
                 f"| {f'{gpu.p50:.1f}' if gpu else '-'} | {f'{kernels:g}' if kernels is not None else '-'} "
                 f"| {f'{gbs:.0f}' if gbs else '-'} | {foreach_wall / wall.p50:.2f}x |"
             )
             if writer:
-                writer.row("sgd_step", provider, "wall", [n], "float32", f"{model}_time", "us", wall.p50, wall.p20,
-                           wall.p80)
+                writer.row(
+                    "sgd_step", provider, "wall", [n], "float32", f"{model}_time", "us", wall.p50, wall.p20, wall.p80
+                )
                 if gpu:
-                    writer.row("sgd_step", provider, "gpu", [n], "float32", f"{model}_gpu_time", "us", gpu.p50,
-                               gpu.p20, gpu.p80)
+                    writer.row(
+                        "sgd_step",
+                        provider,
+                        "gpu",
+                        [n],
+                        "float32",
+                        f"{model}_gpu_time",
+                        "us",
+                        gpu.p50,
+                        gpu.p20,
+                        gpu.p80,
+                    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@
 
 #include "checks.h"
 #include "optim.h"
+#include "optim_math.h"
 
 namespace torchext {
 namespace optim {
@@ -21,8 +22,8 @@ std::vector<at::Tensor> check_sgd_args(const char* op, at::TensorList params, at
                     "), got ", grads.size());
   if (momentum != 0) {
     TORCH_CHECK_VALUE(momentum_buffers.size() == params.size(), op,
-                      ": `momentum_buffers` must hold one tensor per param (", params.size(), ") when momentum != 0, got ",
-                      momentum_buffers.size());
+                      ": `momentum_buffers` must hold one tensor per param (", params.size(),
+                      ") when momentum != 0, got ", momentum_buffers.size());
   } else {
     TORCH_CHECK_VALUE(momentum_buffers.empty(), op, ": `momentum_buffers` must be empty when momentum == 0, got ",
                       momentum_buffers.size(), " tensors");
@@ -77,8 +78,8 @@ void sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentu
     at::Tensor p = params[i];
     AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "torchext_sgd_cpu", [&] {
       using A = scalar_t;  // float32 updates in float, as torch's CPU SGD
-      const optim::SgdUpdate<scalar_t, A> up{A(lr),   A(momentum), A(dampening),   A(weight_decay),
-                                             nesterov, maximize,   is_first_step, momentum != 0};
+      const math::SgdUpdate<scalar_t, A> up{A(lr),    A(momentum), A(dampening),  A(weight_decay),
+                                            nesterov, maximize,    is_first_step, momentum != 0};
       scalar_t* pp = p.mutable_data_ptr<scalar_t>();
       const scalar_t* gp = g[i].const_data_ptr<scalar_t>();
       scalar_t* bp = momentum != 0 ? momentum_buffers[i].mutable_data_ptr<scalar_t>() : nullptr;

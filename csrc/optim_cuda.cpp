@@ -15,8 +15,8 @@
 namespace torchext {
 namespace {
 
-void sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, double lr,
-              double momentum, double dampening, double weight_decay, bool nesterov, bool maximize, bool is_first_step,
+void sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, double lr, double momentum,
+              double dampening, double weight_decay, bool nesterov, bool maximize, bool is_first_step,
               const std::optional<at::Tensor>& lr_tensor) {
   const char* op = "torchext::sgd_";
   const std::vector<at::Tensor> g = optim::check_sgd_args(op, params, grads, momentum_buffers, momentum, lr_tensor);

@@ -13,13 +13,14 @@
 
 #include "common.cuh"
 #include "optim.cuh"
+#include "optim_math.h"
 
 namespace torchext::cuda_ops {
 namespace {
 
 constexpr int kThreads = 512;
-constexpr int kTensors = 48;      // per launch: 48 x 32 bytes of pointers and sizes
-constexpr int kBlocks = 320;      // per launch: the (tensor, chunk) table, 6 bytes a block
+constexpr int kTensors = 48;       // per launch: 48 x 32 bytes of pointers and sizes
+constexpr int kBlocks = 320;       // per launch: the (tensor, chunk) table, 6 bytes a block
 constexpr int64_t kChunk = 65536;  // elements per block: 128 a thread
 static_assert(kTensors <= 32767, "the block table stores tensor indices as int16_t");
 
@@ -37,29 +38,6 @@ struct SgdBatch {
 static_assert(sizeof(SgdBatch<double>) + sizeof(SgdHyper) <= 4096, "SgdBatch too large for a kernel parameter");
 
 template <typename T>
-struct Update {
-  using A = acc_t<T>;
-  A lr, momentum, dampening, weight_decay;
-  bool nesterov, maximize, first, has_buf;
-
-  // One element: the new parameter, and the new buffer in `buf` when has_buf.
-  __device__ __forceinline__ T operator()(T p, T g, T& buf) const {
-    A d = to_acc<T>(g);
-    if (maximize) d = -d;
-    const A pa = to_acc<T>(p);
-    if (weight_decay != A(0)) d += weight_decay * pa;
-    if (has_buf) {
-      // The buffer is stored in T, and torch's next use of it (Nesterov's add, the parameter's update) reads the
-      // stored value: round it first.
-      const T b = from_acc<T>(first ? d : momentum * to_acc<T>(buf) + (A(1) - dampening) * d);
-      buf = b;
-      d = nesterov ? d + momentum * to_acc<T>(b) : to_acc<T>(b);
-    }
-    return from_acc<T>(pa - lr * d);
-  }
-};
-
-template <typename T>
 __global__ void __launch_bounds__(kThreads) sgd_kernel(const SgdBatch<T> batch, const SgdHyper h) {
   using A = acc_t<T>;
   const int t = batch.tensor[blockIdx.x];
@@ -69,11 +47,11 @@ __global__ void __launch_bounds__(kThreads) sgd_kernel(const SgdBatch<T> batch, 
   T* __restrict__ param = batch.param[t];
   const T* __restrict__ grad = batch.grad[t];
   T* __restrict__ buf = batch.buf[t];
-  const double lr = h.lr_device_f32 != nullptr ? double(*h.lr_device_f32)
+  const double lr = h.lr_device_f32 != nullptr   ? double(*h.lr_device_f32)
                     : h.lr_device_f64 != nullptr ? *h.lr_device_f64
                                                  : h.lr;
-  const Update<T> up{A(lr),      A(h.momentum), A(h.dampening),  A(h.weight_decay),
-                     h.nesterov, h.maximize,    h.is_first_step, buf != nullptr};
+  const math::SgdUpdate<T, A> up{A(lr),      A(h.momentum), A(h.dampening),  A(h.weight_decay),
+                                 h.nesterov, h.maximize,    h.is_first_step, buf != nullptr};
   constexpr int V = kVec16<T>;
   int64_t i = start;
   if (batch.vec[t]) {  // start is a multiple of kChunk, hence of V: [start, vend) is whole vectors

@@ -342,6 +342,19 @@ class SmallNet(nn.Module):
         )
 
 
+def _assert_compiled_matches_stock(model, stock, inputs, device, loss=lambda out: out.square().mean()):
+    """model compiled with inductor and fullgraph against the stock model, eager: the loss and every parameter's
+    gradient (model's parameters in stock's order: a swap keeps them)."""
+    compiled = torch.compile(model, backend="inductor", fullgraph=True)
+    loss_c = loss(compiled(*inputs))
+    grads_c = torch.autograd.grad(loss_c, list(model.parameters()))
+    loss_s = loss(stock(*inputs))
+    grads_s = torch.autograd.grad(loss_s, list(stock.parameters()))
+    torch.testing.assert_close(loss_c, loss_s, **TOL[device], msg=lambda m: f"[loss: compiled torchext vs stock] {m}")
+    for (n, _), c, s in zip(stock.named_parameters(), grads_c, grads_s, strict=True):
+        torch.testing.assert_close(c, s, **TOL[device], msg=lambda m, n=n: f"[{n}.grad: compiled ours vs stock] {m}")
+
+
 @pytest.mark.parametrize("device", device_params())
 def test_swapped_model_compiles_fullgraph(device):
     """A stock model swapped to torchext (every torchext.nn module), channels-last, compiled with fullgraph: the
@@ -367,15 +380,7 @@ def test_swapped_model_compiles_fullgraph(device):
     x = make_tensor((4, 3, 4, 5), torch.float32, device, "channels_last")
     t = torch.randint(0, 5, (4,), device=device)
     ours.train(), stock.train()
-    compiled = torch.compile(ours, backend="inductor", fullgraph=True)
-    loss_c = compiled(x, t)
-    grads_c = torch.autograd.grad(loss_c, list(ours.parameters()))
-    loss_s = stock(x, t)
-    grads_s = torch.autograd.grad(loss_s, list(stock.parameters()))
-    torch.testing.assert_close(loss_c, loss_s, **TOL[device], msg=lambda m: f"[loss: compiled torchext vs stock] {m}")
-    names = [n for n, _ in stock.named_parameters()]
-    for n, c, s in zip(names, grads_c, grads_s, strict=True):
-        torch.testing.assert_close(c, s, **TOL[device], msg=lambda m, n=n: f"[{n}.grad: compiled ours vs stock] {m}")
+    _assert_compiled_matches_stock(ours, stock, (x, t), device, loss=lambda out: out)
 
 
 @pytest.mark.parametrize("device", device_params())
@@ -399,15 +404,9 @@ def test_swapped_residual_model_with_forks_compiles_fullgraph(device, monkeypatc
     report = torchext.swap_modules(ours)
     assert len(report.graph_forks) == 2, f"[swap report] one fork per block expected:\n{report}"
     model = report.model
-    x = make_tensor((4, 3, 8, 8), torch.float32, device, "channels_last")
-    compiled = torch.compile(model, backend="inductor", fullgraph=True)
-    loss_c = compiled(x).square().mean()
-    grads_c = torch.autograd.grad(loss_c, list(model.parameters()))
-    loss_s = stock(x).square().mean()
-    grads_s = torch.autograd.grad(loss_s, list(stock.parameters()))
-    torch.testing.assert_close(loss_c, loss_s, **TOL[device], msg=lambda m: f"[loss: compiled torchext vs stock] {m}")
-    for (n, _), c, s in zip(stock.named_parameters(), grads_c, grads_s, strict=True):
-        torch.testing.assert_close(c, s, **TOL[device], msg=lambda m, n=n: f"[{n}.grad: compiled ours vs stock] {m}")
+    _assert_compiled_matches_stock(
+        model, stock, (make_tensor((4, 3, 8, 8), torch.float32, device, "channels_last"),), device
+    )
 
 
 # The keyword arguments of inductor's fallback path, which passes an op's arguments to FallbackKernel.create by name:
@@ -516,6 +515,8 @@ def test_batch_norm_modules_compile_running_buffers(device):
             torch.testing.assert_close(c, s, **TOL[device], msg=lambda m, n=n, w=what: f"[{w}: {n}.grad] {m}")
         for (n, c), s in zip(ours.state_dict().items(), stock.state_dict().values(), strict=True):
             torch.testing.assert_close(c, s, **TOL[device], msg=lambda m, n=n, w=what: f"[{w}: {n}] {m}")
+
+
 @pytest.mark.parametrize("device", device_params())
 def test_swapped_pooling_model_compiles_fullgraph(device):
     """A channels-last CNN with MaxPool2d, AvgPool2d and a global AdaptiveAvgPool2d head, swapped to torchext and
@@ -533,12 +534,6 @@ def test_swapped_pooling_model_compiles_fullgraph(device):
     report = torchext.swap_modules(ours)
     for cls in (tnn.MaxPool2d, tnn.AvgPool2d, tnn.AdaptiveAvgPool2d):
         assert any(type(m) is cls for m in ours.modules()), f"[swap report] {cls.__name__} missing:\n{report}"
-    x = make_tensor((4, 3, 9, 11), torch.float32, device, "channels_last")
-    compiled = torch.compile(ours, backend="inductor", fullgraph=True)
-    loss_c = compiled(x).square().mean()
-    grads_c = torch.autograd.grad(loss_c, list(ours.parameters()))
-    loss_s = stock(x).square().mean()
-    grads_s = torch.autograd.grad(loss_s, list(stock.parameters()))
-    torch.testing.assert_close(loss_c, loss_s, **TOL[device], msg=lambda m: f"[loss: compiled torchext vs stock] {m}")
-    for (n, _), c, s in zip(stock.named_parameters(), grads_c, grads_s, strict=True):
-        torch.testing.assert_close(c, s, **TOL[device], msg=lambda m, n=n: f"[{n}.grad: compiled ours vs stock] {m}")
+    _assert_compiled_matches_stock(
+        ours, stock, (make_tensor((4, 3, 9, 11), torch.float32, device, "channels_last"),), device
+    )

@@ -3,15 +3,12 @@ steps (every option), state_dict in both directions, a tensor learning rate, bad
 multi-tensor packing (more tensors and chunks than one launch holds), unaligned tensors, half types and CUDA graphs."""
 
 import copy
-import itertools
 
 import pytest
 import torch
-
-import torchext
-from torchext.optim import SGD
-
 from conftest import device_params, gpu
+
+from torchext.optim import SGD
 
 OPTIONS = [
     dict(momentum=0.0),
@@ -57,10 +54,10 @@ def test_sgd_matches_torch_float64(device, options):
     theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
     o = _run(SGD, ours, options)
     t = _run(lambda ps, **kw: torch.optim.SGD(ps, foreach=False, **kw), theirs, options)
-    for a, b in zip(ours, theirs):
+    for a, b in zip(ours, theirs, strict=True):
         assert a.stride() == b.stride()
         torch.testing.assert_close(a, b, rtol=1e-14, atol=1e-14)
-    for a, b in zip(ours, theirs):
+    for a, b in zip(ours, theirs, strict=True):
         sa, sb = o.state[a].get("momentum_buffer"), t.state[b].get("momentum_buffer")
         assert (sa is None) == (sb is None)
         if sa is not None:
@@ -77,16 +74,18 @@ def test_sgd_float32_against_float64(device, options):
     _run(SGD, ours, options)
     _run(torch.optim.SGD, theirs, options)
     _run(torch.optim.SGD, ref, options)
-    for a, b, r in zip(ours, theirs, ref):
-        err, torch_err = (a.double() - r).abs().max().item() if a.numel() else 0, (
-            (b.double() - r).abs().max().item() if b.numel() else 0
+    for a, b, r in zip(ours, theirs, ref, strict=True):
+        err, torch_err = (
+            (a.double() - r).abs().max().item() if a.numel() else 0,
+            ((b.double() - r).abs().max().item() if b.numel() else 0),
         )
         assert err <= max(2 * torch_err, 1e-6), (err, torch_err)
 
 
 @pytest.mark.parametrize("device", device_params())
 def test_sgd_state_dict_both_ways(device):
-    """A state saved by torch.optim.SGD continues in torchext's SGD, and the reverse, as if the class had not changed."""
+    """A state saved by torch.optim.SGD continues in torchext's SGD, and the reverse, as if the class had not
+    changed."""
     options = dict(momentum=0.9, nesterov=True, weight_decay=5e-4)
     for first, second in ((torch.optim.SGD, SGD), (SGD, torch.optim.SGD)):
         a = _params(device, torch.float64)
@@ -98,7 +97,7 @@ def test_sgd_state_dict_both_ways(device):
         for step in range(3, 6):
             _set_grads(b, step, skip=(1,) if step == 1 else ())
             ob2.step()
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             torch.testing.assert_close(x, y, rtol=1e-14, atol=1e-14)
         assert set(ob2.state_dict()["state"]) == set(oa.state_dict()["state"])
 
@@ -115,7 +114,7 @@ def test_sgd_tensor_lr(device):
         _set_grads(b, step)
         oa.step()
         ob.step()
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
 
 
@@ -152,8 +151,16 @@ def _op_args(n=2, dtype=torch.float32, momentum=0.9):
         (lambda a: a[1].pop(), ValueError, r"`grads` must hold one tensor per param \(2\), got 1"),
         (lambda a: a[2].pop(), ValueError, r"`momentum_buffers` must hold one tensor per param"),
         (lambda a: a[1].__setitem__(1, torch.ones(5)), ValueError, r"`grads\[1\]` must have the same shape"),
-        (lambda a: a[1].__setitem__(0, torch.ones(4, dtype=torch.float64)), TypeError, r"`grads\[0\]` must have the same dtype"),
-        (lambda a: a[0].__setitem__(1, torch.zeros(4, dtype=torch.float64)), TypeError, r"`params\[1\]` must have the same dtype"),
+        (
+            lambda a: a[1].__setitem__(0, torch.ones(4, dtype=torch.float64)),
+            TypeError,
+            r"`grads\[0\]` must have the same dtype",
+        ),
+        (
+            lambda a: a[0].__setitem__(1, torch.zeros(4, dtype=torch.float64)),
+            TypeError,
+            r"`params\[1\]` must have the same dtype",
+        ),
         (lambda a: a[0].__setitem__(1, torch.zeros(8)[::2]), ValueError, r"`params\[1\]` must be dense"),
         (lambda a: a[2].__setitem__(0, torch.zeros(8)[::2]), ValueError, r"`momentum_buffers\[0\]` must be dense"),
         (lambda a: a[0].__setitem__(0, torch.zeros(4, dtype=torch.int64)), TypeError, r"`params\[0\]` must be float32"),
@@ -214,7 +221,7 @@ def test_sgd_cuda_packing_and_alignment(dtype):
     ref_b = [b.double() for b in bufs]
     lr, momentum, wd = 0.1, 0.9, 1e-3
     torch.ops.torchext.sgd_(params, grads, bufs, lr, momentum, 0.0, wd, True, False, False)
-    for p, b, rp, rb, gr in zip(params, bufs, ref_p, ref_b, grads):
+    for p, b, rp, rb, gr in zip(params, bufs, ref_p, ref_b, grads, strict=True):
         d = gr.double() + wd * rp
         nb = (momentum * rb + d).to(dtype).double()
         torch.testing.assert_close(b.double(), nb, rtol=0, atol=2 * nb.abs().max().item() * torch.finfo(dtype).eps)
@@ -249,5 +256,5 @@ def test_sgd_cuda_graph_follows_lr_tensor():
             group["lr"] = value
         ob.step()
     torch.cuda.synchronize()
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)

@@ -43,10 +43,14 @@ class SGD(torch.optim.SGD):
         fused: bool | None = None,
     ) -> None:
         if foreach or fused:
-            raise ValueError("torchext.optim.SGD: `foreach` and `fused` are not options here: the step is always "
-                             "torchext's fused kernel")
+            raise ValueError(
+                "torchext.optim.SGD: `foreach` and `fused` are not options here: the step is always "
+                "torchext's fused kernel"
+            )
         if differentiable:
-            raise ValueError("torchext.optim.SGD: `differentiable=True` is not supported (the step is not differentiable)")
+            raise ValueError(
+                "torchext.optim.SGD: `differentiable=True` is not supported (the step is not differentiable)"
+            )
         super().__init__(
             params,
             lr=lr,

@@ -4,7 +4,7 @@ cuda_ops/optim.cu). ``torchext.optim.SGD`` is the optimizer built on it.
 Not differentiable: call it under ``torch.no_grad()``, as optimizers do. Not autocast: the tensors' own dtypes are used.
 """
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -25,7 +25,7 @@ def sgd_(
     nesterov: bool = False,
     maximize: bool = False,
     is_first_step: bool = False,
-    lr_tensor: Optional[Tensor] = None,
+    lr_tensor: Tensor | None = None,
 ) -> None:
     """Updates every ``params[i]`` in place as torch.optim.SGD does, from ``grads[i]`` and ``momentum_buffers[i]``
     (updated in place too; empty when momentum is 0). ``is_first_step``: the buffers take their first gradient as is
@@ -47,6 +47,17 @@ def sgd_(
 
 
 @torch.library.register_fake("torchext::sgd_")
-def _sgd_fake(params, grads, momentum_buffers, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
-              maximize=False, is_first_step=False, lr_tensor=None):
+def _sgd_fake(
+    params,
+    grads,
+    momentum_buffers,
+    lr,
+    momentum=0.0,
+    dampening=0.0,
+    weight_decay=0.0,
+    nesterov=False,
+    maximize=False,
+    is_first_step=False,
+    lr_tensor=None,
+):
     return None
