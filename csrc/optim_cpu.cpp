@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "checks.h"
@@ -30,6 +31,7 @@ std::vector<at::Tensor> check_sgd_args(const char* op, at::TensorList params, at
   }
   std::vector<at::Tensor> dense_grads;
   dense_grads.reserve(params.size());
+  std::unordered_map<const void*, size_t> seen;  // a param listed twice would be updated twice (racing on CUDA)
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string p_name = "params[" + std::to_string(i) + "]", g_name = "grads[" + std::to_string(i) + "]";
     const at::Tensor& p = params[i];
@@ -44,6 +46,11 @@ std::vector<at::Tensor> check_sgd_args(const char* op, at::TensorList params, at
     check_like(op, p, p_name, grads[i], g_name);
     TORCH_CHECK_VALUE(p.is_non_overlapping_and_dense(), op, ": `", p_name,
                       "` must be dense (non-overlapping, no gaps): it is updated in place; got strides ", p.strides());
+    if (p.numel() > 0) {
+      const auto [it, fresh] = seen.emplace(p.const_data_ptr(), i);
+      TORCH_CHECK_VALUE(fresh, op, ": `", p_name, "` is the same tensor as `params[", it->second,
+                        "]`: each param may appear once");
+    }
     if (momentum != 0) {
       const std::string b_name = "momentum_buffers[" + std::to_string(i) + "]";
       const at::Tensor& b = momentum_buffers[i];

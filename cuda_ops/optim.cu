@@ -82,7 +82,11 @@ cudaError_t sgd_step(const SgdTensor<T>* tensors, int64_t count, const SgdHyper&
   SgdBatch<T> batch{};
   int nt = 0, nb = 0;
   auto launch = [&]() -> cudaError_t {
-    if (nb > 0) sgd_kernel<T><<<nb, kThreads, 0, stream>>>(batch, hyper);
+    if (nb == 0) {
+      nt = 0;
+      return cudaSuccess;
+    }
+    sgd_kernel<T><<<nb, kThreads, 0, stream>>>(batch, hyper);
     nt = nb = 0;
     return cudaGetLastError();
   };

@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import device_params, gpu
 
+import torchext
 from torchext.optim import SGD
 
 OPTIONS = [
@@ -258,3 +259,56 @@ def test_sgd_cuda_graph_follows_lr_tensor():
     torch.cuda.synchronize()
     for x, y in zip(a, b, strict=True):
         torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)
+
+
+def test_sgd_step_bumps_versions_like_torch():
+    """A backward whose graph saved a weight before the step raises afterwards, as with torch.optim.SGD (the op bumps
+    the version counters of the params and buffers it writes), instead of using the updated weight."""
+    for cls in (torch.optim.SGD, SGD):
+        w = torch.nn.Parameter(torch.randn(3, 3, dtype=torch.float64))
+        x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+        w.grad = torch.ones_like(w)
+        opt = cls([w], lr=0.1, momentum=0.9)
+        y = (x @ w).sum()
+        before = w._version
+        opt.step()
+        assert w._version > before, cls
+        if cls is SGD:  # torch's first buffer is a fresh clone (version 0); ours is written by the op
+            assert opt.state[w]["momentum_buffer"]._version > 0
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.backward()
+
+
+def test_sgd_op_refuses_params_requiring_grad_in_grad_mode():
+    p = torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))
+    g = torch.ones(4, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match=r"`params\[0\]` requires grad and grad mode is on"):
+        torch.ops.torchext.sgd_([p], [g], [], 0.1)
+    with torch.no_grad():
+        torch.ops.torchext.sgd_([p], [g], [], 0.1)
+    assert bool((p.detach() == -0.1).all())
+
+
+def test_sgd_refused_step_leaves_no_buffer():
+    """A step the op refuses (here a param listed twice) stores no momentum buffer: the next step starts from the
+    gradient, as torch's first step does."""
+    p = torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))
+    p.grad = torch.ones(4, dtype=torch.float64)
+    opt = SGD([{"params": [p]}], lr=0.1, momentum=0.9)
+    opt.param_groups[0]["params"].append(p)  # as a second param group entry would; torch warns at construction
+    with pytest.raises(ValueError, match=r"`params\[1\]` is the same tensor as `params\[0\]`"):
+        opt.step()
+    assert "momentum_buffer" not in opt.state[p]
+    opt.param_groups[0]["params"].pop()
+    opt.step()
+    torch.testing.assert_close(opt.state[p]["momentum_buffer"], p.grad)
+
+
+def test_sgd_group_options_and_empty_lists():
+    p = torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))
+    p.grad = torch.ones(4, dtype=torch.float64)
+    opt = SGD([p], lr=0.1)
+    opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))], "foreach": True})
+    with pytest.raises(ValueError, match="`foreach=True` is not supported"):
+        opt.step()
+    torchext.ops.sgd_([], [], [], 0.1)  # nothing to update: no error

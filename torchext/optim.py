@@ -8,7 +8,10 @@ default (foreach) form runs four to six multi-tensor passes.
 
 Differences from torch.optim.SGD: ``foreach``, ``fused`` and ``differentiable=True`` are refused (the step is always
 torchext's fused kernel, and it is not differentiable); sparse gradients raise; parameters must be dense
-(non-overlapping), float32 or float64 (also float16 or bfloat16 on CUDA). A learning rate given as a tensor on the
+(non-overlapping), float32 or float64 (also float16 or bfloat16 on CUDA), each listed once. float16/bfloat16
+parameters are updated in float32 with one rounding of the buffer and one of the parameter (torch's foreach form also
+rounds the weight-decayed gradient and Nesterov's sum): not the same bits as torch's. A ``weight_decay`` given as a
+tensor is read on the host each step. A learning rate given as a tensor on the
 parameters' device is read by the kernel on the device, so the step can be captured in a CUDA graph
 (torchext.graphs) while a scheduler updates the tensor; a tensor on another device is read on the host.
 """
@@ -69,12 +72,16 @@ class SGD(torch.optim.SGD):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            if group.get("differentiable"):
-                raise ValueError("torchext.optim.SGD: `differentiable=True` is not supported")
+            for option in ("differentiable", "foreach", "fused"):  # a group added later may carry them
+                if group.get(option):
+                    raise ValueError(f"torchext.optim.SGD: `{option}=True` is not supported (param group option)")
             momentum = float(group["momentum"])
             # One call per (device, dtype, first step or not): the op takes one dtype and one device, and a buffer is
             # either fresh (set to its first gradient) or blended.
             calls: dict[tuple, tuple[list, list, list]] = defaultdict(lambda: ([], [], []))
+            # Buffers made or re-laid out for this step: stored in the state only once their call succeeded, so that
+            # a step the op refuses leaves no uninitialized buffer behind for the next step to blend.
+            new_buffers: dict[tuple, list] = defaultdict(list)
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -83,24 +90,27 @@ class SGD(torch.optim.SGD):
                 buf = None
                 first = False
                 if momentum != 0:
-                    state = self.state[p]
-                    buf = state.get("momentum_buffer")
+                    buf = self.state[p].get("momentum_buffer")
+                    made = True
                     if buf is None:
                         buf = torch.empty_like(p, memory_format=torch.preserve_format)
-                        state["momentum_buffer"] = buf
                         first = True
                     elif buf.stride() != p.stride() and p.numel() > 1:
                         # A buffer in another layout (torch's is a clone of the first gradient, which need not share
                         # its parameter's): moved once into the parameter's, which the op updates in place.
                         buf = torch.empty_like(p, memory_format=torch.preserve_format).copy_(buf)
-                        state["momentum_buffer"] = buf
+                    else:
+                        made = False
+                    if made:
+                        new_buffers[(p.device, p.dtype, first)].append((p, buf))
                 ps, gs, bs = calls[(p.device, p.dtype, first)]
                 ps.append(p)
                 gs.append(p.grad)
                 if buf is not None:
                     bs.append(buf)
             lr = group["lr"]
-            for (device, _dtype, first), (ps, gs, bs) in calls.items():
+            for call, (ps, gs, bs) in calls.items():
+                device, _dtype, first = call
                 lr_tensor = None
                 lr_value = lr
                 if isinstance(lr, Tensor):
@@ -121,4 +131,6 @@ class SGD(torch.optim.SGD):
                     first,
                     lr_tensor,
                 )
+                for p, buf in new_buffers.get(call, ()):
+                    self.state[p]["momentum_buffer"] = buf
         return loss

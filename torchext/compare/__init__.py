@@ -3,7 +3,8 @@
 For each seed the stock model is built with ``torch.manual_seed(seed)``, deep-copied, and the copy is swapped to
 torchext with ``torchext.swap_modules`` (Linear and Conv2d layers, activations, and Linear+activation pairs fused
 into one ``torchext.nn.Linear(activation=...)``); its loss is ``torchext.nn.CrossEntropyLoss``, the stock one's
-``torch.nn.CrossEntropyLoss``, with the same label smoothing. Both get the same optimizer and schedule. They train
+``torch.nn.CrossEntropyLoss``, with the same label smoothing. Both get the same optimizer settings and schedule;
+in SGD recipes the torchext model's step runs on ``torchext.optim.SGD`` (``--no-swap-optimizer``: torch's for both). They train
 from identical weights on identical batches (one ``GPULoader`` seeded with the seed; each model's epoch e re-seeds
 the global RNG with (seed, e), so dropout draws the same masks for both), alternating per epoch: stock then
 torchext on even epochs, torchext then stock on odd ones, so that drift of the machine (clocks, temperature,

@@ -31,6 +31,8 @@ def sgd_(
     (updated in place too; empty when momentum is 0). ``is_first_step``: the buffers take their first gradient as is
     (torch's clone) instead of blending. One dtype and one device for all tensors. ``lr_tensor`` (a one-element
     float32/float64 tensor on the params' device) replaces ``lr`` and is read on the device."""
+    if len(params) == 0 and len(grads) == 0 and len(momentum_buffers) == 0:
+        return  # nothing to update (the dispatcher needs a tensor to choose a backend)
     _ops.sgd_(
         list(params),
         list(grads),

@@ -1,0 +1,41 @@
+// Autograd kernel of torchext::sgd_. The op is not differentiable; it updates params and momentum_buffers in place,
+// so this kernel does what an ADInplaceOrView kernel would for an in-place ATen op: it refuses params that require
+// grad while grad mode is on (torch's in-place ops refuse such leaves; optimizers step under torch.no_grad()), runs
+// the op below autograd, and bumps the version counter of every tensor it wrote, so that a backward whose graph saved
+// a parameter before the step raises ("modified by an inplace operation") instead of using the new values.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/library.h>
+
+#include <optional>
+
+#include "autograd.h"
+
+namespace torchext {
+namespace {
+
+using SgdSignature = void(at::TensorList, at::TensorList, at::TensorList, double, double, double, double, bool, bool,
+                          bool, const std::optional<at::Tensor>&);
+
+void sgd_autograd(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, double lr,
+                  double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
+                  bool is_first_step, const std::optional<at::Tensor>& lr_tensor) {
+  if (at::GradMode::is_enabled()) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      TORCH_CHECK(!requires_grad(params[i]), "torchext::sgd_: `params[", i,
+                  "]` requires grad and grad mode is on: an optimizer step writes into it, so call it under "
+                  "torch.no_grad() (as torch.optim's optimizers do)");
+    }
+  }
+  static const auto op = find_op<SgdSignature>("torchext::sgd_");
+  call_below_autograd(op, params, grads, momentum_buffers, lr, momentum, dampening, weight_decay, nesterov, maximize,
+                      is_first_step, lr_tensor);
+  for (const at::Tensor& p : params) torch::autograd::impl::bump_version(p);
+  for (const at::Tensor& b : momentum_buffers) torch::autograd::impl::bump_version(b);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(torchext, Autograd, m) { m.impl("sgd_", &sgd_autograd); }
+
+}  // namespace torchext
