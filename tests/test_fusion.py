@@ -368,6 +368,38 @@ def test_forks_only_where_every_user_is_a_torchext_module():
     torch.testing.assert_close(report.model(x), stock(x))
 
 
+class _ViewOfWrittenBase(nn.Module):
+    """v, a view (a method call's result), feeds two torchext modules, and its base is written in place in between:
+    valid for stock autograd, while a fork's aliases of v would raise in backward. Not forked."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv0, self.bn = nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3)
+        self.act, self.conv_b = nn.ReLU(), nn.Conv2d(3, 3, 1)
+
+    def forward(self, inp):
+        h = self.bn(self.conv0(inp))
+        v = h.transpose(2, 3)
+        a = self.act(v)
+        h.mul_(2)
+        return a + self.conv_b(v)
+
+
+def test_no_fork_of_a_function_or_method_result():
+    torch.manual_seed(0)
+    model = _ViewOfWrittenBase().double()
+    stock = copy.deepcopy(model)
+    report = torchext.swap_modules(model)
+    assert report.graph_forks == [], str(report)
+    x = torch.randn(2, 3, 4, 5, dtype=torch.float64)
+    out, ref = report.model(x), stock(x)
+    torch.testing.assert_close(out, ref)
+    out.sum().backward()  # stock's autograd accepts the write into v's base; so must the swapped model's
+    ref.sum().backward()
+    for (n, a), b in zip(stock.named_parameters(), report.model.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, msg=lambda m, n=n: f"[{n}.grad] {m}")
+
+
 def test_fork_left_alone_where_a_user_has_a_hook():
     torch.manual_seed(0)
     model = _SharedInputs().double()

@@ -27,7 +27,10 @@ require grad at run time (eval under ``torch.no_grad()``, a frozen stem) the for
 reported (``report.graph_forks``: pattern 'fork', the producer and its users). Kept conservative, a tensor is forked
 only where that cannot change what any user sees:
 
-- it is the output of a call in the graph (not the model's input, a placeholder, nor a parameter or buffer);
+- it is the output of a module of exactly a torchext.nn class (not the model's input, a parameter or buffer, nor the
+  result of a function or method call, which may be a view of a tensor written in place later, or a module such as
+  ``nn.Flatten`` that returns a view of its input: the alias of such a view would raise in backward once its base
+  changed, where the stock model's autograd does not); torchext's modules always return fresh tensors;
 - all its users, two or more, are modules of exactly a torchext.nn class (swapped or fused): torchext's modules
   never write into their inputs, while an alias written in place would raise (it is a view made in a custom autograd
   Function), and a function or method call, or a stock module such as ``nn.ReLU(inplace=True)``, might;
@@ -145,7 +148,8 @@ def _fused_copy(bn: nn.Module, cls: type) -> nn.Module:
 
 
 _FUSED_CLASSES = (tnn.BatchNormReLU2d, tnn.BatchNormAddReLU2d)
-# The modules a forked tensor may feed: torchext.nn's own classes, none of which writes into its input.
+# The modules a forked tensor may come from and feed: torchext.nn's own classes, none of which writes into its input
+# or returns a view of it.
 _FORKABLE_USERS = frozenset(getattr(tnn, name) for name in tnn.__all__)
 
 
@@ -241,7 +245,7 @@ def _insert_forks(gm: fx.GraphModule, report) -> int:
     forks = 0
     for node in list(gm.graph.nodes):
         users = list(node.users)
-        if node.op not in ("call_module", "call_function", "call_method") or len(users) < 2:
+        if node.op != "call_module" or type(_module(gm, node)) not in _FORKABLE_USERS or len(users) < 2:
             continue
         if not all(u.op == "call_module" and type(_module(gm, u)) in _FORKABLE_USERS for u in users):
             continue
