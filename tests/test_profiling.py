@@ -356,6 +356,7 @@ NS = "void torchext::cuda_ops::(anonymous namespace)::"
         (NS + "softmax_rows_kernel<float>(float const*, float*)", "loss"),
         (NS + "transpose_copy_kernel<float>(float const*, float*)", "gemm"),
         (NS + "binary_kernel<__nv_bfloat16, 8, " + NS[5:] + "AddForward<float> >(__nv_bfloat16 const*)", "elementwise"),
+        (NS + "sgd_kernel<float>(" + NS[5:] + "SgdBatch<float>, torchext::cuda_ops::SgdHyper)", "optimizer"),
     ],
 )
 def test_kernel_family_of_torchext_names(name, family):

@@ -142,7 +142,10 @@ FAMILY_LABELS = {
 # they are its batch-norm kernels (bn_fw_*, bn_bw_*); an inductor kernel fusing several ops (triton_poi_fused_
 # native_batch_norm_..._relu_3) goes to the first family its name mentions in this order.
 _FAMILY_RULES = [
-    ("optimizer", r"multi_tensor_apply|fused_?(?:sgd|adam)|_foreach_|non_finite_check_and_unscale|amp_update_scale"),
+    (
+        "optimizer",
+        r"multi_tensor_apply|fused_?(?:sgd|adam)|_foreach_|non_finite_check_and_unscale|amp_update_scale|::sgd_kernel",
+    ),
     ("batch_norm", r"batch_?norm|(?<![a-z0-9])bn_(?:fw|bw)"),
     ("pool", r"(?:max|avg)_?pool|adaptive_(?:avg|max)|pool(?:ing|[123]d)"),
     ("loss", r"cross_?entropy|nll_?loss|softmax|loss|label_smooth|mse_|binary_cross|margin"),
