@@ -42,7 +42,9 @@ def plain_run(cfg: compare.CompareConfig, d: data.CIFAR10Data, seed: int) -> dic
     )
     for name, net, criterion in models:
         if cfg.optimizer == "sgd":
-            opt = torch.optim.SGD(
+            # The tool steps the torchext model with torchext.optim.SGD (--swap-optimizer, the default).
+            sgd = torchext.optim.SGD if name == "torchext" and cfg.swap_optimizer else torch.optim.SGD
+            opt = sgd(
                 net.parameters(), lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
                 weight_decay=cfg.weight_decay,
             )  # fmt: skip
