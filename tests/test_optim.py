@@ -312,3 +312,24 @@ def test_sgd_group_options_and_empty_lists():
     with pytest.raises(ValueError, match="`foreach=True` is not supported"):
         opt.step()
     torchext.ops.sgd_([], [], [], 0.1)  # nothing to update: no error
+
+
+def test_sgd_op_compiles_fullgraph_with_inductor():
+    """sgd_ inside a compiled function (inductor, fullgraph): the params and buffers it writes in place come out as
+    eager's, channels-last included."""
+    torch._dynamo.reset()
+    a = _params("cpu", torch.float64)[-1:] + [torch.randn(7, dtype=torch.float64)]
+    a = [p.detach() for p in a]
+    b = [p.clone() for p in a]
+    grads = [torch.randn_like(p) for p in a]
+    bufs_a = [torch.randn_like(p) for p in a]
+    bufs_b = [t.clone() for t in bufs_a]
+
+    def step(ps, gs, bs):
+        torch.ops.torchext.sgd_(ps, gs, bs, 0.1, 0.9, 0.0, 1e-3, True, False, False)
+
+    torch.compile(step, backend="inductor", fullgraph=True)(a, grads, bufs_a)
+    step(b, grads, bufs_b)
+    for x, y in zip(a + bufs_a, b + bufs_b, strict=True):
+        assert x.stride() == y.stride()
+        torch.testing.assert_close(x, y, rtol=1e-14, atol=1e-14)
