@@ -402,7 +402,7 @@ cudaError_t forward(const Conv2dArgs<T>& a, cudaStream_t stream, void* workspace
 
 template <typename T>
 cudaError_t backward_input(const Conv2dArgs<T>& a, cudaStream_t stream, void* workspace) {
-  return backward_input_gemm(a, stream, workspace, run_fprop<T>);
+  return backward_input_gemm(a, stream, workspace, each_phase<T>(run_fprop<T>));
 }
 
 template <typename T, class Cfg>

@@ -11,6 +11,7 @@
 #include <climits>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "common.cuh"
 #include "conv2d.cuh"
@@ -107,24 +108,69 @@ __global__ void conv2d_wgrad_reduce_kernel(const float* partial, int splits, int
   }
 }
 
-// backward_input's sub-kernel of one stride phase: wp[c][t][u][k] = w[k][c][r0 + sh (T - 1 - t)][s0 + sw (U - 1 - u)],
-// contiguous, for a K-major B of C rows of T U K values.
+// The taps of backward_input's stride phase along one dimension: phase ph (pixels ph + stride i) takes the taps
+// r = r0 + stride t, t < count, with r0 = (ph + pad) mod stride.
+__host__ __device__ __forceinline__ int64_t phase_first_tap(int64_t ph, int64_t pad, int64_t stride) {
+  return (ph + pad) % stride;
+}
+__host__ __device__ __forceinline__ int64_t phase_tap_count(int64_t r0, int64_t taps, int64_t stride) {
+  return r0 < taps ? (taps - r0 + stride - 1) / stride : 0;
+}
+
+// Elements of phase (ph, pw)'s sub-kernel in backward_input's workspace, its start 256-byte aligned: C T U K.
 template <typename T>
-__global__ void conv2d_phase_weight_kernel(Tensor4<const T> w, int64_t kout, int64_t cin, int tr_count, int ts_count,
-                                           int r0, int s0, int sh, int sw, T* wp) {
-  const int64_t total = cin * tr_count * ts_count * kout;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int64_t rest = e;
-    const int64_t k = rest % kout;
-    rest /= kout;
-    const int u = static_cast<int>(rest % ts_count);
-    rest /= ts_count;
-    const int t = static_cast<int>(rest % tr_count);
-    const int64_t c = rest / tr_count;
-    const int64_t r = r0 + static_cast<int64_t>(sh) * (tr_count - 1 - t);
-    const int64_t s = s0 + static_cast<int64_t>(sw) * (ts_count - 1 - u);
-    wp[e] = w.data[k * w.sn + c * w.sc + r * w.sh + s * w.sw];
+__host__ __device__ __forceinline__ int64_t phase_weight_elems(const Conv2dShape& sh, int64_t ph, int64_t pw) {
+  const int64_t tr = phase_tap_count(phase_first_tap(ph, sh.pad_h, sh.stride_h), sh.r, sh.stride_h);
+  const int64_t ts = phase_tap_count(phase_first_tap(pw, sh.pad_w, sh.stride_w), sh.s, sh.stride_w);
+  const int64_t bytes = sh.c * tr * ts * sh.k * static_cast<int64_t>(sizeof(T));
+  return (bytes + 255) / 256 * 256 / static_cast<int64_t>(sizeof(T));
+}
+
+// Where phase (ph, pw)'s sub-kernel starts in the workspace: the phases in (ph, pw) order, every one of them (those
+// without pixels or taps keep their, possibly empty, place).
+template <typename T>
+__host__ __device__ __forceinline__ int64_t phase_weight_offset(const Conv2dShape& sh, int64_t ph, int64_t pw) {
+  int64_t off = 0;
+  for (int64_t i = 0; i < ph * sh.stride_w + pw; ++i) off += phase_weight_elems<T>(sh, i / sh.stride_w, i % sh.stride_w);
+  return off;
+}
+
+// backward_input's sub-kernels, all stride phases in one launch: tap (r, s) of w belongs to phase (ph, pw) with
+// r0 = r mod stride_h = (ph + pad_h) mod stride_h (likewise s), and lands in that phase's K-major B of C rows of
+// T U K values, flipped: wp[c][t][u][k] = w[k][c][r0 + stride_h (T - 1 - t)][s0 + stride_w (U - 1 - u)]. Per tap a
+// transpose of the (K, C) slice through a 32 x 32 shared tile: the loads run along C (contiguous in the KRSC weights
+// the tensor-core rungs take), the stores along K. Block (32, 8); grid (C tiles, K tiles, taps), each dimension
+// strided where it exceeds the grid's limits.
+template <typename T>
+__global__ void conv2d_phase_weights_kernel(Tensor4<const T> w, Conv2dShape sh, T* wp) {
+  __shared__ T tile[32][33];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  for (int64_t tap = blockIdx.z; tap < sh.r * sh.s; tap += gridDim.z) {
+    const int64_t r = tap / sh.s, s = tap % sh.s;
+    const int64_t r0 = r % sh.stride_h, s0 = s % sh.stride_w;
+    const int64_t ph = ((r0 - sh.pad_h) % sh.stride_h + sh.stride_h) % sh.stride_h;
+    const int64_t pw = ((s0 - sh.pad_w) % sh.stride_w + sh.stride_w) % sh.stride_w;
+    const int64_t tr = phase_tap_count(r0, sh.r, sh.stride_h), ts = phase_tap_count(s0, sh.s, sh.stride_w);
+    const int64_t t = tr - 1 - r / sh.stride_h, u = ts - 1 - s / sh.stride_w;
+    T* const dst = wp + phase_weight_offset<T>(sh, ph, pw) + (t * ts + u) * sh.k;  // + c T U K + k
+    const int64_t c_step = tr * ts * sh.k;
+    const T* const src = w.data + r * w.sh + s * w.sw;  // + k sn + c sc
+    for (int64_t k0 = blockIdx.y * int64_t{32}; k0 < sh.k; k0 += gridDim.y * int64_t{32}) {
+      for (int64_t c0 = blockIdx.x * int64_t{32}; c0 < sh.c; c0 += gridDim.x * int64_t{32}) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int64_t k = k0 + ty + 8 * i, c = c0 + tx;
+          if (k < sh.k && c < sh.c) tile[ty + 8 * i][tx] = src[k * w.sn + c * w.sc];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int64_t c = c0 + ty + 8 * i, k = k0 + tx;
+          if (k < sh.k && c < sh.c) dst[c * c_step + k] = tile[tx][ty + 8 * i];
+        }
+        __syncthreads();
+      }
+    }
   }
 }
 
@@ -249,8 +295,9 @@ cudaError_t zero_phases(const Conv2dArgs<T>& a, int64_t taps_r, int64_t taps_s, 
                                      : launch_zero_phases<Element>(a, taps_r, taps_s, stream);
 }
 
-// backward_input as one GEMM per stride phase with taps, each launched by run(params, false, false, stream), and one
-// zero_phases launch for the phases without (none of them a GEMM with k = 0).
+// backward_input as one GEMM per stride phase with taps, and one zero_phases launch for the phases without (none
+// of them a GEMM with k = 0). One launch writes every phase's sub-kernel; then run(phases, count, stream) runs the
+// phases' GEMMs: one launch each, or (implicit_tma) several phases in one persistent launch.
 template <typename T, class Run>
 cudaError_t backward_input_gemm(const Conv2dArgs<T>& a, cudaStream_t stream, void* workspace, Run&& run) {
   const Conv2dShape& sh = a.shape;
@@ -258,6 +305,15 @@ cudaError_t backward_input_gemm(const Conv2dArgs<T>& a, cudaStream_t stream, voi
   if (sh.k == 0) return zero_phases(a, 0, 0, stream);  // no grad_output channels: dx = 0
   T* wp = static_cast<T*>(workspace);
   const Tensor4<const T> w{a.w.data, a.w.sn, a.w.sc, a.w.sh, a.w.sw};
+  if (sh.r * sh.s > 0) {
+    const dim3 grid(static_cast<unsigned>(std::min<int64_t>((sh.c + 31) / 32, 65535)),
+                    static_cast<unsigned>(std::min<int64_t>((sh.k + 31) / 32, 65535)),
+                    static_cast<unsigned>(std::min<int64_t>(sh.r * sh.s, 65535)));
+    conv2d_phase_weights_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(w, sh, wp);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  std::vector<FpropParams<T>> phases;
   bool tapless = false;  // some phase with pixels has no tap
   for (int ph = 0; ph < sh.stride_h; ++ph) {
     for (int pw = 0; pw < sh.stride_w; ++pw) {
@@ -266,21 +322,15 @@ cudaError_t backward_input_gemm(const Conv2dArgs<T>& a, cudaStream_t stream, voi
       const int64_t hi = ph < sh.h ? (sh.h - ph + sh.stride_h - 1) / sh.stride_h : 0;
       const int64_t wi = pw < sh.w ? (sh.w - pw + sh.stride_w - 1) / sh.stride_w : 0;
       if (hi == 0 || wi == 0) continue;
-      const int64_t r0 = (ph + sh.pad_h) % sh.stride_h, s0 = (pw + sh.pad_w) % sh.stride_w;
-      const int64_t tr_count = r0 < sh.r ? (sh.r - r0 + sh.stride_h - 1) / sh.stride_h : 0;
-      const int64_t ts_count = s0 < sh.s ? (sh.s - s0 + sh.stride_w - 1) / sh.stride_w : 0;
+      const int64_t r0 = phase_first_tap(ph, sh.pad_h, sh.stride_h), s0 = phase_first_tap(pw, sh.pad_w, sh.stride_w);
+      const int64_t tr_count = phase_tap_count(r0, sh.r, sh.stride_h);
+      const int64_t ts_count = phase_tap_count(s0, sh.s, sh.stride_w);
       const int64_t d_h = (ph + sh.pad_h - r0) / sh.stride_h, d_w = (pw + sh.pad_w - s0) / sh.stride_w;
       const int64_t taps = tr_count * ts_count;
       if (taps == 0) {
         tapless = true;
         continue;
       }
-      const int64_t total = sh.c * taps * sh.k;
-      conv2d_phase_weight_kernel<T><<<grid_for(total, 256), 256, 0, stream>>>(
-          w, sh.k, sh.c, static_cast<int>(tr_count), static_cast<int>(ts_count), static_cast<int>(r0),
-          static_cast<int>(s0), static_cast<int>(sh.stride_h), static_cast<int>(sh.stride_w), wp);
-      cudaError_t err = cudaGetLastError();
-      if (err != cudaSuccess) return err;
       FpropParams<T> p;
       p.m = static_cast<int>(sh.n * hi * wi);
       p.n = static_cast<int>(sh.c);
@@ -297,19 +347,33 @@ cudaError_t backward_input_gemm(const Conv2dArgs<T>& a, cudaStream_t stream, voi
       p.g.w = static_cast<int>(sh.q);
       p.g.pad_h = static_cast<int>(tr_count - 1 - d_h);  // dy row i - pad_h + t = i + d_h - (tr_count - 1 - t)
       p.g.pad_w = static_cast<int>(ts_count - 1 - d_w);
-      p.wt = wp;
+      p.wt = wp + phase_weight_offset<T>(sh, ph, pw);
       p.w_lead = taps * sh.k;
       p.y = a.x.data + ph * a.x.sh + pw * a.x.sw;  // dx at the phase's pixels
       p.y_sn = a.x.sn;
       p.y_sh = a.x.sh * sh.stride_h;
       p.y_sw = a.x.sw * sh.stride_w;
       p.vec_store = aligned_to(p.y, 4 * sizeof(T)) && p.y_sn % 4 == 0 && p.y_sh % 4 == 0 && p.y_sw % 4 == 0;
-      err = run(p, false, false, stream);
-      if (err != cudaSuccess) return err;
-      wp += align256(static_cast<size_t>(sh.c * taps * sh.k) * sizeof(T)) / sizeof(T);
+      phases.push_back(p);
     }
   }
+  if (!phases.empty()) {
+    const cudaError_t err = run(phases.data(), static_cast<int>(phases.size()), stream);
+    if (err != cudaSuccess) return err;
+  }
   return tapless ? zero_phases(a, sh.r, sh.s, stream) : cudaSuccess;
+}
+
+// A GEMM launcher of one phase turned into the phases' launcher backward_input_gemm calls: one launch per phase.
+template <typename T, class Run>
+auto each_phase(Run run) {
+  return [run](const FpropParams<T>* phases, int count, cudaStream_t stream) {
+    for (int i = 0; i < count; ++i) {
+      const cudaError_t err = run(phases[i], false, false, stream);
+      if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
+  };
 }
 
 // The byte strides TMA reads an NHWC-ordered tensor of n x h x w x c elements with: each at most 2^40, a multiple
@@ -353,16 +417,7 @@ bool encode_nhwc_map(CUtensorMap& map, const T* base, int64_t c, int64_t w, int6
 // elements in all).
 template <typename T>
 size_t backward_input_workspace_bytes(const Conv2dShape& sh) {
-  size_t bytes = 0;
-  for (int64_t ph = 0; ph < sh.stride_h; ++ph) {
-    for (int64_t pw = 0; pw < sh.stride_w; ++pw) {
-      const int64_t r0 = (ph + sh.pad_h) % sh.stride_h, s0 = (pw + sh.pad_w) % sh.stride_w;
-      const int64_t tr = r0 < sh.r ? (sh.r - r0 + sh.stride_h - 1) / sh.stride_h : 0;
-      const int64_t ts = s0 < sh.s ? (sh.s - s0 + sh.stride_w - 1) / sh.stride_w : 0;
-      bytes += align256(static_cast<size_t>(sh.c * tr * ts * sh.k) * sizeof(T));
-    }
-  }
-  return bytes;
+  return static_cast<size_t>(phase_weight_offset<T>(sh, sh.stride_h, 0)) * sizeof(T);
 }
 
 }  // namespace

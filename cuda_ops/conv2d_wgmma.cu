@@ -26,6 +26,9 @@
 //     norm's per-channel sum and sum of squares of the stored values: a fixed tree over each warp's rows (shuffles),
 //     the 8 warps added in order through shared memory, one partial per (channel, tile) into the workspace, and the
 //     shared second kernel adds the tiles in order (deterministic).
+//   - implicit_tma's backward_input: the stride phases' GEMMs (4 at stride 2, with 1 to 4 taps each) share one
+//     persistent launch (PhaseSet: each tile finds its phase's parameters and tensor maps), the phases with the
+//     longest k-loops first, where one launch per phase paid a pipeline fill and a tail for each short GEMM.
 //
 // Tiles: 256 (output pixels) x 128 (output channels), or 256 x 64 where there are at most 64 output channels; k-steps
 // of 64 values (128 bytes: one swizzle span), 4 stages of 48 KiB (5 of 40 KiB for 256 x 64). The ring's order is
@@ -41,6 +44,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "common.cuh"
 #include "conv2d.cuh"
@@ -125,6 +129,33 @@ inline bool plan_tma_boxes(int64_t n, int64_t p, int64_t q, int64_t stride_h, in
   return true;
 }
 
+// The GEMMs of one launch: kPhases > 1 for backward_input's stride phases under implicit_tma (one persistent grid
+// walks every phase's tiles, the phases with the most k-steps first, so the pipeline fills once and there is one
+// tail, not one per phase), 1 otherwise. Phase i owns tiles [tile_end[i - 1], tile_end[i]); a launch of fewer phases
+// than kPhases gives the unused ones no tiles (their tile_end is the total).
+template <typename T, int kPhases>
+struct PhaseSet {
+  FpropParams<T> p[kPhases];
+  TmaBoxes geo[kPhases];  // implicit_tma only
+  int tile_end[kPhases] = {};
+};
+
+// implicit_tma's maps: phase i's A (the gathered tensor) and B (the weight) at 2 i and 2 i + 1.
+template <int kPhases>
+struct TmaMaps {
+  CUtensorMap m[2 * kPhases];
+};
+
+// The phase of tile t and its first tile.
+template <typename T, int kPhases>
+__device__ __forceinline__ int phase_of(const PhaseSet<T, kPhases>& set, int t, int& first) {
+  int ph = 0;
+#pragma unroll
+  for (int i = 0; i + 1 < kPhases; ++i) ph += t >= set.tile_end[i];
+  first = ph == 0 ? 0 : set.tile_end[ph - 1];
+  return ph;
+}
+
 #if defined(TORCHEXT_WGMMA_DEVICE)
 
 // D (64 x N, float) += A (64 x 16) B (16 x N), both K-major in shared memory, one instruction per warpgroup.
@@ -164,11 +195,12 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 2, 256
 
 // kTma: the A and B tiles come from TMA (implicit_tma: geo and the two maps); otherwise the producer warpgroup
 // gathers them with cp.async (implicit_wgmma: geo and the maps unused).
-template <typename T, int BN, bool kRelu, bool kStats, bool kTma>
+template <typename T, int BN, bool kRelu, bool kStats, bool kTma, int kPhases>
 __global__ void __launch_bounds__(kThreads, 1)
-    conv2d_wgmma_fprop_kernel(const FpropParams<T> p, const TmaBoxes geo, const __grid_constant__ CUtensorMap map_a,
-                              const __grid_constant__ CUtensorMap map_b) {
+    conv2d_wgmma_fprop_kernel(const __grid_constant__ PhaseSet<T, kPhases> set,
+                              const __grid_constant__ TmaMaps<kPhases> maps) {
 #if defined(TORCHEXT_WGMMA_DEVICE)
+  static_assert(kTma || kPhases == 1, "the cp.async producer runs one GEMM per launch");
   using Cfg = WgTile<BN>;
   constexpr int kStages = Cfg::kStages, kLag = Cfg::kLag;
   extern __shared__ uint8_t smem_raw[];
@@ -179,8 +211,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(stats_buf + 2 * kConsumerWarps * BN);
   uint64_t* empty = full + kStages;
   const int warpgroup = threadIdx.x / 128, tid = threadIdx.x % 128;
-  const int tiles = p.tiles_m * p.tiles_n;
-  const int num_kt = kTma ? geo.num_kt : (p.k + kBK - 1) / kBK;
+  const int tiles = set.tile_end[kPhases - 1];
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -200,21 +231,29 @@ __global__ void __launch_bounds__(kThreads, 1)
       int s = 0;
       uint32_t phase = 0;
       for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-        int tm, tn;
-        tile_of(t, p.tiles_m, p.tiles_n, tm, tn);
+        int first, tm, tn;
+        const int ph = phase_of(set, t, first);
+        const TmaBoxes& geo = set.geo[ph];
+        tile_of(t - first, set.p[ph].tiles_m, set.p[ph].tiles_n, tm, tn);
         const int n0 = (tm / geo.tiles_p) * geo.box_n;
         const int h0 = (tm % geo.tiles_p) * geo.box_p * geo.stride_h - geo.pad_h;
         const int bn0 = tn * BN;
+        // The phase's geometry in registers: the copies' asm clobbers memory, which would reload it every k-step.
+        const int num_kt = geo.num_kt, taps_s = geo.taps_s, c_end = geo.chunks * kBK;
+        const int w0 = -geo.pad_w, dil_w = geo.dil_w, dil_h = geo.dil_h;
+        const uint32_t tx_bytes = geo.tx_bytes;
+        const CUtensorMap* map_a = &maps.m[2 * ph];
+        const CUtensorMap* map_b = &maps.m[2 * ph + 1];
         int tap = 0, c0 = 0;
         for (int kt = 0; kt < num_kt; ++kt) {
-          const int tr = tap / geo.taps_s, ts = tap - tr * geo.taps_s;
+          const int tr = tap / taps_s, ts = tap - tr * taps_s;
           mbar_wait(&empty[s], phase ^ 1);
           uint8_t* sa = smem + s * Cfg::kStageBytes;
-          mbar_arrive_expect_tx(&full[s], geo.tx_bytes);
-          tma_load_4d(sa, &map_a, &full[s], c0, ts * geo.dil_w - geo.pad_w, h0 + tr * geo.dil_h, n0);
-          tma_load_3d(sa + Cfg::kTileBytesA, &map_b, &full[s], c0, tap, bn0);
+          mbar_arrive_expect_tx(&full[s], tx_bytes);
+          tma_load_4d(sa, map_a, &full[s], c0, ts * dil_w + w0, h0 + tr * dil_h, n0);
+          tma_load_3d(sa + Cfg::kTileBytesA, map_b, &full[s], c0, tap, bn0);
           c0 += kBK;
-          if (c0 == geo.chunks * kBK) c0 = 0, ++tap;
+          if (c0 == c_end) c0 = 0, ++tap;
           if (++s == kStages) s = 0, phase ^= 1;
         }
       }
@@ -223,6 +262,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Producer, cp.async. Thread tid copies 16-byte chunk c of rows r0, r0 + 16, ... of A (the tile's output pixels) and of B
     // (its output channels' weights); its chunk's tap (r, s) and channel are the same for all its rows.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
+    const FpropParams<T>& p = set.p[0];
+    const int num_kt = (p.k + kBK - 1) / kBK;
     const int c = tid & 7, r0 = tid >> 3;
     int s = 0, issued = 0;
     uint32_t phase = 0;
@@ -314,9 +355,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     int stage = 0, prev_stage = 0;
     uint32_t phase = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-      int tm, tn;
-      tile_of(t, p.tiles_m, p.tiles_n, tm, tn);
+      int first, tm, tn;
+      const int ph = phase_of(set, t, first);
+      const FpropParams<T>& p = set.p[ph];
+      const TmaBoxes& geo = set.geo[ph];
+      tile_of(t - first, p.tiles_m, p.tiles_n, tm, tn);
       const int bm0 = tm * kBM, bn0 = tn * BN;
+      const int num_kt = kTma ? geo.num_kt : (p.k + kBK - 1) / kBK;
 #pragma unroll
       for (int i = 0; i < kRegs; ++i) d0[i] = 0.f, d1[i] = 0.f;
       for (int kt = 0; kt < num_kt; ++kt) {
@@ -342,6 +387,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
       // Epilogue. Accumulator layout of m64nNk16: warp w holds rows 16 w + lane / 4 (registers 4 j, 4 j + 1) and
       // + 8 (4 j + 2, 4 j + 3), columns 8 j + 2 (lane % 4) and + 1.
+      // The phase's output in registers (else each store would reload it from the parameters).
+      T* const y = p.y;
+      const int64_t y_sn = p.y_sn, y_sh = p.y_sh, y_sw = p.y_sw;
+      const int n = p.n;
+      const bool vec_store = p.vec_store;
+      const T* const bias = p.bias;
       int64_t row_off[4];
       bool row_ok[4];
 #pragma unroll
@@ -363,15 +414,15 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
         if (!row_ok[h]) image = pp = qq = 0;
-        row_off[h] = image * p.y_sn + pp * p.y_sh + qq * p.y_sw;
+        row_off[h] = image * y_sn + pp * y_sh + qq * y_sw;
       }
       if constexpr (kStats) consumers_sync();  // the previous tile's partials have been read
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
         const int col = bn0 + 8 * j + 2 * (lane & 3);
-        const bool c0 = col < p.n, c1 = col + 1 < p.n;
-        const float b0 = p.bias != nullptr && c0 ? static_cast<float>(p.bias[col]) : 0.f;
-        const float b1 = p.bias != nullptr && c1 ? static_cast<float>(p.bias[col + 1]) : 0.f;
+        const bool c0 = col < n, c1 = col + 1 < n;
+        const float b0 = bias != nullptr && c0 ? static_cast<float>(bias[col]) : 0.f;
+        const float b1 = bias != nullptr && c1 ? static_cast<float>(bias[col + 1]) : 0.f;
         float s0 = 0.f, s1 = 0.f, q0 = 0.f, q1 = 0.f;
 #pragma unroll
         for (int h = 0; h < 4; ++h) {
@@ -381,8 +432,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (kRelu) v0 = fmaxf(v0, 0.f), v1 = fmaxf(v1, 0.f);
           const T o0 = static_cast<T>(v0), o1 = static_cast<T>(v1);
           if (row_ok[h] && c0) {
-            T* out = p.y + row_off[h] + col;
-            if (c1 && p.vec_store) {
+            T* out = y + row_off[h] + col;
+            if (c1 && vec_store) {
               *reinterpret_cast<Vec<T, 2>*>(out) = Vec<T, 2>{{o0, o1}};
             } else {
               out[0] = o0;
@@ -412,11 +463,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int ct = consumer * 128 + tid;  // 0..255
         for (int q = ct; q < 2 * BN; q += 256) {
           const int which = q / BN, cl = q % BN, col = bn0 + cl;
-          if (col >= p.n) continue;
+          if (col >= n) continue;
           float sum = 0.f;
 #pragma unroll
           for (int w = 0; w < kConsumerWarps; ++w) sum += stats_buf[(which * kConsumerWarps + w) * BN + cl];
-          p.stats_partial[(static_cast<int64_t>(which) * p.n + col) * p.tiles_m + tm] = sum;
+          p.stats_partial[(static_cast<int64_t>(which) * n + col) * p.tiles_m + tm] = sum;
         }
       }
     }
@@ -427,37 +478,55 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---------------------------------------------------------------------------------------------------------------
 // Host side
 
-template <typename T, int BN, bool kRelu, bool kStats, bool kTma>
-cudaError_t launch_wgmma_fprop(FpropParams<T> p, const TmaBoxes& geo, const CUtensorMap* maps, cudaStream_t stream) {
-  constexpr auto kernel = conv2d_wgmma_fprop_kernel<T, BN, kRelu, kStats, kTma>;
+// Launches `count` (at most kPhases) GEMMs of `set` as one persistent grid; fills in their tile counts.
+template <typename T, int BN, bool kRelu, bool kStats, bool kTma, int kPhases>
+cudaError_t launch_wgmma_fprop(PhaseSet<T, kPhases> set, int count, const TmaMaps<kPhases>& maps,
+                               cudaStream_t stream) {
+  constexpr auto kernel = conv2d_wgmma_fprop_kernel<T, BN, kRelu, kStats, kTma, kPhases>;
   cudaError_t err = prepare_kernel<kernel>(WgTile<BN>::kSmemBytes);
   if (err != cudaSuccess) return err;
-  p.tiles_m = kTma ? geo.tiles_m : ceil_div(p.m, kBM);
-  p.tiles_n = ceil_div(p.n, BN);
-  const int64_t tiles = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
+  int64_t tiles = 0;
+  for (int i = 0; i < kPhases; ++i) {
+    if (i < count) {
+      FpropParams<T>& p = set.p[i];
+      p.tiles_m = kTma ? set.geo[i].tiles_m : ceil_div(p.m, kBM);
+      p.tiles_n = ceil_div(p.n, BN);
+      tiles += static_cast<int64_t>(p.tiles_m) * p.tiles_n;
+    }
+    if (tiles > INT_MAX) return cudaErrorInvalidValue;
+    set.tile_end[i] = static_cast<int>(tiles);
+  }
+  if (tiles == 0) return cudaSuccess;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sm_count()));
-  kernel<<<grid, kThreads, WgTile<BN>::kSmemBytes, stream>>>(p, geo, maps[0], maps[1]);
+  kernel<<<grid, kThreads, WgTile<BN>::kSmemBytes, stream>>>(set, maps);
   return cudaGetLastError();
 }
 
-template <typename T, int BN, bool kTma>
-cudaError_t launch_wgmma_fprop_bn(const FpropParams<T>& p, const TmaBoxes& geo, const CUtensorMap* maps, bool relu,
+// One GEMM with the epilogue's options, or (kPhases > 1: backward_input's phases) several without them.
+template <typename T, int BN, bool kTma, int kPhases>
+cudaError_t launch_wgmma_fprop_bn(const PhaseSet<T, kPhases>& set, int count, const TmaMaps<kPhases>& maps, bool relu,
                                   bool stats, cudaStream_t stream) {
-  if (stats) {
-    return relu ? launch_wgmma_fprop<T, BN, true, true, kTma>(p, geo, maps, stream)
-                : launch_wgmma_fprop<T, BN, false, true, kTma>(p, geo, maps, stream);
+  if constexpr (kPhases > 1) {
+    if (relu || stats) return cudaErrorNotSupported;
+    return launch_wgmma_fprop<T, BN, false, false, kTma, kPhases>(set, count, maps, stream);
+  } else {
+    if (stats) {
+      return relu ? launch_wgmma_fprop<T, BN, true, true, kTma, 1>(set, count, maps, stream)
+                  : launch_wgmma_fprop<T, BN, false, true, kTma, 1>(set, count, maps, stream);
+    }
+    return relu ? launch_wgmma_fprop<T, BN, true, false, kTma, 1>(set, count, maps, stream)
+                : launch_wgmma_fprop<T, BN, false, false, kTma, 1>(set, count, maps, stream);
   }
-  return relu ? launch_wgmma_fprop<T, BN, true, false, kTma>(p, geo, maps, stream)
-              : launch_wgmma_fprop<T, BN, false, false, kTma>(p, geo, maps, stream);
 }
 
 template <typename T>
 cudaError_t run_wgmma_fprop(const FpropParams<T>& p, bool relu, bool stats, cudaStream_t stream) {
   if (p.m == 0 || p.n == 0) return cudaSuccess;
-  const TmaBoxes geo;
-  const CUtensorMap maps[2] = {};
-  return p.n <= 64 ? launch_wgmma_fprop_bn<T, 64, false>(p, geo, maps, relu, stats, stream)
-                   : launch_wgmma_fprop_bn<T, 128, false>(p, geo, maps, relu, stats, stream);
+  PhaseSet<T, 1> set;
+  set.p[0] = p;
+  const TmaMaps<1> maps = {};
+  return p.n <= 64 ? launch_wgmma_fprop_bn<T, 64, false>(set, 1, maps, relu, stats, stream)
+                   : launch_wgmma_fprop_bn<T, 128, false>(set, 1, maps, relu, stats, stream);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -467,7 +536,7 @@ cudaError_t run_wgmma_fprop(const FpropParams<T>& p, bool relu, bool stats, cuda
 // columns x stride_w, box_p rows x stride_h, box_n images} stepping by the stride; B = the weight, {C, taps, n
 // rows} with the tap's C values contiguous, read in boxes of {64, 1, BN}. Both 128-byte swizzled, zero-filled outside.
 template <typename T>
-bool make_tma_maps(const FpropParams<T>& p, int bn, TmaBoxes& geo, CUtensorMap (&maps)[2]) {
+bool make_tma_maps(const FpropParams<T>& p, int bn, TmaBoxes& geo, CUtensorMap* maps) {
   auto encode = sm90::encode_tiled_fn();
   if (encode == nullptr) return false;
   const int64_t pq = p.g.pq.d, q = p.g.q.d, cg = p.g.c.d;
@@ -506,11 +575,43 @@ cudaError_t run_tma_fprop(const FpropParams<T>& p, bool relu, bool stats, cudaSt
   if (p.m == 0 || p.n == 0) return cudaSuccess;
   if (p.k == 0) return run_wgmma_fprop(p, relu, stats, stream);
   const int bn = p.n <= 64 ? 64 : 128;
-  TmaBoxes geo;
-  CUtensorMap maps[2];
-  if (!make_tma_maps(p, bn, geo, maps)) return cudaErrorNotSupported;
-  return bn == 64 ? launch_wgmma_fprop_bn<T, 64, true>(p, geo, maps, relu, stats, stream)
-                  : launch_wgmma_fprop_bn<T, 128, true>(p, geo, maps, relu, stats, stream);
+  PhaseSet<T, 1> set;
+  set.p[0] = p;
+  TmaMaps<1> maps;
+  if (!make_tma_maps(p, bn, set.geo[0], maps.m)) return cudaErrorNotSupported;
+  return bn == 64 ? launch_wgmma_fprop_bn<T, 64, true>(set, 1, maps, relu, stats, stream)
+                  : launch_wgmma_fprop_bn<T, 128, true>(set, 1, maps, relu, stats, stream);
+}
+
+// backward_input's phases under implicit_tma (backward_input_gemm's launcher): up to kTmaPhases of them per
+// persistent launch, the phases with the most k-steps first (their tiles are the longest: the grid's static
+// round robin then ends on short ones). Every phase has the same n (C); none has k = 0.
+constexpr int kTmaPhases = 4;
+
+template <typename T>
+cudaError_t run_tma_phases(const FpropParams<T>* phases, int count, cudaStream_t stream) {
+  std::vector<FpropParams<T>> order(phases, phases + count);
+  std::stable_sort(order.begin(), order.end(), [](const FpropParams<T>& a, const FpropParams<T>& b) { return a.k > b.k; });
+  for (int first = 0; first < count; first += kTmaPhases) {
+    const int group = std::min(kTmaPhases, count - first);
+    if (group == 1) {
+      const cudaError_t err = run_tma_fprop(order[first], false, false, stream);
+      if (err != cudaSuccess) return err;
+      continue;
+    }
+    const int bn = order[first].n <= 64 ? 64 : 128;
+    PhaseSet<T, kTmaPhases> set;
+    TmaMaps<kTmaPhases> maps = {};
+    for (int i = 0; i < group; ++i) {
+      set.p[i] = order[first + i];
+      if (set.p[i].m == 0 || set.p[i].n == 0 || set.p[i].k == 0) return cudaErrorInvalidValue;
+      if (!make_tma_maps(set.p[i], bn, set.geo[i], &maps.m[2 * i])) return cudaErrorNotSupported;
+    }
+    const cudaError_t err = bn == 64 ? launch_wgmma_fprop_bn<T, 64, true>(set, group, maps, false, false, stream)
+                                     : launch_wgmma_fprop_bn<T, 128, true>(set, group, maps, false, false, stream);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 // The forward's tiles along the output pixels (the statistics' partials are [2][K][tiles]).
@@ -635,7 +736,7 @@ cudaError_t conv2d_wgmma(Conv2dPass pass, const Conv2dArgs<T>& args, cudaStream_
         return forward_gemm(args, stream, workspace, run_wgmma_fprop<T>,
                             ceil_div(args.shape.n * args.shape.p * args.shape.q, kBM));
       case Conv2dPass::backward_input:
-        return backward_input_gemm(args, stream, workspace, run_wgmma_fprop<T>);
+        return backward_input_gemm(args, stream, workspace, each_phase<T>(run_wgmma_fprop<T>));
       case Conv2dPass::backward_weight:
         break;
     }
@@ -668,7 +769,7 @@ cudaError_t conv2d_tma(Conv2dPass pass, const Conv2dArgs<T>& args, cudaStream_t 
       case Conv2dPass::forward:
         return forward_gemm(args, stream, workspace, run_tma_fprop<T>, tma_forward_tiles(args.shape));
       case Conv2dPass::backward_input:
-        return backward_input_gemm(args, stream, workspace, run_tma_fprop<T>);
+        return backward_input_gemm(args, stream, workspace, run_tma_phases<T>);
       case Conv2dPass::backward_weight:
         return conv2d_tma_wgrad(args, stream, workspace);
     }

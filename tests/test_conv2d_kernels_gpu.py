@@ -37,6 +37,9 @@ RESNET_SHAPES = [
     (8, 128, 16, 16, 256, 3, 3, 2, 1, 1, 1),
     (8, 128, 16, 16, 256, 1, 1, 2, 0, 1, 1),
     (40, 64, 32, 32, 64, 3, 3, 1, 1, 1, 1),  # 160 tiles of 256 rows: more than one per SM for the persistent rung
+    # stride 2 on odd sizes: backward_input's 4 phases (16x17, 16x16, 15x17 and 15x16 pixels; 1, 2, 2 and 4 taps) in
+    # one persistent launch under implicit_tma, 200 tiles of unequal k-loops walked across the phases
+    (40, 64, 31, 33, 128, 3, 3, 2, 1, 1, 1),
 ]
 
 # implicit_tma's geometry (at least 64 channels; cuda_ops/conv2d_wgmma.cu): channel and output-channel counts that are
