@@ -12,6 +12,7 @@
 #include <cudaTypedefs.h>
 
 #include <cstdint>
+#include <memory>
 #include <type_traits>
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -127,7 +128,7 @@ __device__ __forceinline__ void wgmma_wait() {
 #endif  // TORCHEXT_WGMMA_DEVICE
 
 // The driver's cuTensorMapEncodeTiled (null where the driver has none), looked up once.
-inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled_fn() {
+inline PFN_cuTensorMapEncodeTiled_v12000 driver_encode_tiled() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* ptr = nullptr;
     cudaDriverEntryPointQueryResult status{};
@@ -139,6 +140,70 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled_fn() {
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
   }();
   return fn;
+}
+
+// cuTensorMapEncodeTiled's arguments as one key (ranks up to 5, unused entries zero).
+struct TensorMapKey {
+  uint64_t w[17] = {};  // dtype and rank, address, flags, dims[5], box and element strides[5], strides[4]
+  bool operator==(const TensorMapKey& o) const {
+    for (int i = 0; i < 17; ++i) {
+      if (w[i] != o.w[i]) return false;
+    }
+    return true;
+  }
+};
+
+// cuTensorMapEncodeTiled, memoized per host thread. A map is a pure function of its arguments (the address, sizes,
+// strides and box; not the memory's contents), and PyTorch's caching allocator hands a training step the same
+// addresses step after step, so from the second step on the maps come from the cache: a key compare instead of a
+// driver call per map (two or more per convolution pass, eight for a stride-2 input gradient). A direct-mapped
+// table of 1024 entries (a colliding key replaces the entry); only successful encodes are kept.
+inline CUresult CUDAAPI encode_tiled_cached(CUtensorMap* map, CUtensorMapDataType dtype, cuuint32_t rank,
+                                            void* address, const cuuint64_t* dims, const cuuint64_t* strides,
+                                            const cuuint32_t* box, const cuuint32_t* elem_strides,
+                                            CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+                                            CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = driver_encode_tiled();
+  if (encode == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  if (rank < 1 || rank > 5) {
+    return encode(map, dtype, rank, address, dims, strides, box, elem_strides, interleave, swizzle, l2, oob);
+  }
+  TensorMapKey key;
+  const auto u64 = [](auto v) { return static_cast<uint64_t>(v); };
+  key.w[0] = (u64(dtype) << 32) | rank;
+  key.w[1] = reinterpret_cast<uint64_t>(address);
+  key.w[2] = (u64(interleave) << 48) | (u64(swizzle) << 32) | (u64(l2) << 16) | u64(oob);
+  for (cuuint32_t i = 0; i < rank; ++i) {
+    key.w[3 + i] = dims[i];
+    key.w[8 + i] = (uint64_t{box[i]} << 32) | elem_strides[i];
+    if (i + 1 < rank) key.w[13 + i] = strides[i];
+  }
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
+  for (uint64_t word : key.w) h = (h ^ word) * 1099511628211ull;
+  struct Entry {
+    bool used = false;
+    TensorMapKey key;
+    CUtensorMap map;
+  };
+  constexpr size_t kEntries = 1024;
+  thread_local std::unique_ptr<Entry[]> table(new Entry[kEntries]);
+  Entry& e = table[(h ^ (h >> 29)) % kEntries];
+  if (e.used && e.key == key) {
+    *map = e.map;
+    return CUDA_SUCCESS;
+  }
+  const CUresult r = encode(map, dtype, rank, address, dims, strides, box, elem_strides, interleave, swizzle, l2, oob);
+  if (r == CUDA_SUCCESS) {
+    e.used = true;
+    e.key = key;
+    e.map = *map;
+  }
+  return r;
+}
+
+// The tensor-map encoder the kernels use: the memoized one above, or null where the driver has none.
+inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled_fn() {
+  return driver_encode_tiled() != nullptr ? &encode_tiled_cached : nullptr;
 }
 
 template <typename T>
