@@ -1,0 +1,137 @@
+"""Where the host's time goes in one training step of torchext-compare's recipes (issue 19: the fully swapped
+ResNet-18's step is bound by the host, so its epoch-time ratio follows host costs): the tool's iteration
+(``_train_batch``) on premade batches, stock and torchext, under ``torch.profiler`` (CPU activity only: no CUPTI
+overhead on the launches).
+
+    python benchmarks/profile_step_host.py --out benchmarks/results/step_host_gpu.csv   # CUDA, about 30 s
+
+Per provider: the step's host time (perf_counter around the iteration, median of ``--steps`` unprofiled steps, the
+GPU synchronized before each so that no step waits on the GPU's queue), the launches per step (cudaLaunchKernel
+and its variants; memsets and copies apart), and the ops with the most self CPU time per step (the profiler's
+``self_cpu_time_total`` over the profiled steps); with ``--cprofile``, the Python functions by their own time
+(cProfile, whose overhead inflates Python calls against C++ ones: read it for the ranking)."""
+
+import argparse
+import cProfile
+import dataclasses
+import io
+import itertools
+import os
+import pstats
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_loop import PREMADE_BATCHES, PROVIDERS, recipe  # noqa: E402
+from common import CsvWriter, environment  # noqa: E402
+
+from torchext.compare.devices import _Dist  # noqa: E402
+from torchext.compare.train import _contenders, _models, _train_batch  # noqa: E402
+from torchext.data import GPULoader  # noqa: E402
+
+LAUNCH = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def profile(fn, steps: int, device: torch.device):
+    """(host us per step unprofiled, launches per step, [(name, calls per step, self us per step)])."""
+    host = []
+    for _ in range(steps):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        host.append((time.perf_counter() - t0) * 1e6)
+    _sync(device)
+    host.sort()
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(steps):
+            fn()
+        _sync(device)
+    events = prof.key_averages()
+    launches = sum(e.count for e in events if e.key in LAUNCH) / steps
+    ops = sorted(((e.key, e.count / steps, e.self_cpu_time_total / steps) for e in events), key=lambda r: -r[2])
+    return host[len(host) // 2], launches, ops
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="resnet18_cifar")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--device", default="cuda", help="cuda; cpu for a smoke run (batch 16, the CPU kernels)")
+    p.add_argument("--no-swap-conv", action="store_true", help="the default recipe (convolutions stay cuDNN's)")
+    p.add_argument("--cprofile", action="store_true", help="also the Python functions by own time (cProfile)")
+    p.add_argument("--out", default="benchmarks/results/step_host_gpu.csv")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    env = environment(args.device)
+    writer = CsvWriter(args.out, env)
+    print(f"# Host time of one training step ({env['gpu']}, torch {env['torch']}, CUDA {env['cuda']}, {env['date']})\n")
+    for model in args.models.split(","):
+        batch = 16 if device.type == "cpu" else None
+        cfg = dataclasses.replace(recipe(model, device, batch), swap_conv=not args.no_swap_conv)
+        gen = torch.Generator().manual_seed(0)
+        n = (PREMADE_BATCHES + 1) * cfg.batch_size
+        x = torch.randint(0, 256, (n, 32, 32, 3), dtype=torch.uint8, generator=gen)
+        y = torch.randint(0, 10, (n,), generator=gen)
+        dist = _Dist()
+        stock, ours, _ = _models(cfg, 10, device, seed=0)
+        loader = GPULoader(x, y, cfg.batch_size, train=True, device=device, seed=0, channels_last=cfg.channels_last)
+        premade = list(itertools.islice(iter(loader), PREMADE_BATCHES))
+        contenders = dict(zip(PROVIDERS, _contenders(stock, ours, cfg, device, dist, len(loader)), strict=True))
+        conv = "cuDNN's convolutions" if args.no_swap_conv else "every layer torchext's"
+        print(f"## {model}: batch {cfg.batch_size}, {cfg.optimizer}, amp {cfg.amp}, torchext: {conv}\n")
+        results, cprofiles = {}, {}
+        for provider, c in contenders.items():
+            c.net.train()
+            loss_sum = torch.zeros((), device=device)
+            it = itertools.cycle(premade)
+
+            def fn(c=c, it=it, s=loss_sum, cfg=cfg, dist=dist):
+                _train_batch(c, *next(it), cfg, device, dist, s)
+
+            for _ in range(5):
+                fn()
+            results[provider] = profile(fn, args.steps, device)
+            if args.cprofile:
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(args.steps):
+                    fn()
+                _sync(device)
+                prof.disable()
+                text = io.StringIO()
+                pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
+                cprofiles[provider] = text.getvalue()
+            host, launches, ops = results[provider]
+            shape, dtype = (cfg.batch_size, 3, 32, 32), cfg.amp
+            writer.row(model, provider, "step", shape, dtype, "host_time", "us", host, host, host)
+            writer.row(model, provider, "step", shape, dtype, "launches", "count", launches, launches, launches)
+            for name, calls, us in ops[: args.top]:
+                writer.row(model, provider, name.replace(",", ";"), shape, dtype, "self_cpu_time", "us", us, us, us)
+                writer.row(model, provider, name.replace(",", ";"), shape, dtype, "calls", "count", calls, calls, calls)
+        print("| provider | host us per step | launches per step |")
+        print("|---|---|---|")
+        for provider, (host, launches, _) in results.items():
+            print(f"| {provider} | {host:.0f} | {launches:.0f} |")
+        for provider, (_, _, ops) in results.items():
+            print(f"\n### {provider}: ops by self CPU time per step\n")
+            print("| op | calls per step | self CPU us per step |")
+            print("|---|---|---|")
+            for name, calls, us in ops[: args.top]:
+                print(f"| {name[:90]} | {calls:.1f} | {us:.1f} |")
+        for provider, text in cprofiles.items():
+            print(f"\n### {provider}: cProfile over {args.steps} steps, by own time\n\n```\n{text.strip()}\n```")
+        print()
+
+
+if __name__ == "__main__":
+    main()
