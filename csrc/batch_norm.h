@@ -68,12 +68,6 @@ inline at::Tensor in_format(const at::Tensor& t, at::MemoryFormat format) {
 
 namespace batch_norm_detail {
 
-inline void check_dtype_floating(std::string_view op, const at::Tensor& t, std::string_view name) {
-  const auto dt = t.scalar_type();
-  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kDouble || dt == at::kHalf || dt == at::kBFloat16, op, ": `", name,
-                   "` must be float32, float64, float16 or bfloat16, got ", dt);
-}
-
 inline void check_channel_vector(std::string_view op, const at::Tensor& input, const at::Tensor& t,
                                  std::string_view name) {
   check_same_device(op, input, "input", t, name);
@@ -116,7 +110,7 @@ inline at::ScalarType check_batch_norm_args(std::string_view op, const at::Tenso
                                             const std::optional<at::Tensor>& running_var, bool training,
                                             const std::optional<at::Tensor>& sum,
                                             const std::optional<at::Tensor>& sum_sq) {
-  batch_norm_detail::check_dtype_floating(op, input, "input");
+  check_floating_or_half(op, input, "input");
   TORCH_CHECK_VALUE(input.dim() >= 2, op, ": `input` must have at least 2 dimensions (N, C, ...), got ", input.dim(),
                     "-D with shape ", input.sizes());
   if (residual != nullptr) check_like(op, input, "input", *residual, "residual");
@@ -153,7 +147,7 @@ inline at::ScalarType check_batch_norm_backward_args(std::string_view op, const 
                                                      const at::Tensor& save_mean, const at::Tensor& save_invstd,
                                                      const std::optional<at::Tensor>& mask,
                                                      std::array<bool, 4> output_mask) {
-  batch_norm_detail::check_dtype_floating(op, input, "input");
+  check_floating_or_half(op, input, "input");
   TORCH_CHECK_VALUE(input.dim() >= 2, op, ": `input` must have at least 2 dimensions (N, C, ...), got ", input.dim(),
                     "-D");
   check_like(op, input, "input", grad_out, "grad_out");

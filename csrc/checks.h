@@ -38,8 +38,8 @@ inline void check_floating(std::string_view op, const at::Tensor& t, std::string
   }
 }
 
-// The floating dtypes of an op whose CPU kernels take the half types too (add; batch_norm and the pools have their
-// own copies in csrc/batch_norm.h and csrc/pooling.h): float32, float64, float16 and bfloat16 on either backend.
+// The floating dtypes of an op whose CPU kernels take the half types too (add, batch_norm, the pools): float32,
+// float64, float16 and bfloat16 on either backend.
 inline void check_floating_or_half(std::string_view op, const at::Tensor& t, std::string_view name) {
   const auto dt = t.scalar_type();
   TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kDouble || dt == at::kHalf || dt == at::kBFloat16, op, ": `", name,

@@ -28,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "checks.h"
 #include "pooling_args.h"
 
 namespace torchext {
@@ -48,17 +49,11 @@ inline const char* dim_name(int d) { return d == 0 ? "height" : "width"; }
 
 }  // namespace pooling_detail
 
-// The dtypes every pooling kernel implements, on CPU and CUDA: float32, float64, float16, bfloat16 (the averages
-// accumulate half types in float32).
-inline void check_pool_dtype(std::string_view op, const at::Tensor& t, std::string_view name) {
-  const auto dt = t.scalar_type();
-  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kDouble || dt == at::kHalf || dt == at::kBFloat16, op, ": `", name,
-                   "` must be float32, float64, float16 or bfloat16, got ", dt);
-}
-
 // The input's dimensions: 3-D (C, H, W) or 4-D (N, C, H, W); H and W non-empty; C non-empty unless allow_empty_c.
 inline void check_pool_input(std::string_view op, const at::Tensor& input, bool allow_empty_c) {
-  check_pool_dtype(op, input, "input");
+  // Every pooling kernel takes the four floating dtypes on CPU and CUDA (the averages accumulate half types in
+  // float32).
+  check_floating_or_half(op, input, "input");
   TORCH_CHECK_VALUE(input.dim() == 3 || input.dim() == 4, op,
                     ": `input` must be 4-D (N, C, H, W) or 3-D (C, H, W), got ", input.dim(), "-D with shape ",
                     input.sizes());
