@@ -193,8 +193,9 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 2, 256
 
 #endif  // TORCHEXT_WGMMA_DEVICE
 
-// kTma: the A and B tiles come from TMA (implicit_tma: geo and the two maps); otherwise the producer warpgroup
-// gathers them with cp.async (implicit_wgmma: geo and the maps unused).
+// kTma: the A and B tiles come from TMA (implicit_tma: tile t's phase ph reads set.geo[ph] and maps.m[2 ph],
+// maps.m[2 ph + 1]); otherwise the producer warpgroup gathers them with cp.async (implicit_wgmma: one GEMM, set.p[0];
+// geo and the maps unused).
 template <typename T, int BN, bool kRelu, bool kStats, bool kTma, int kPhases>
 __global__ void __launch_bounds__(kThreads, 1)
     conv2d_wgmma_fprop_kernel(const __grid_constant__ PhaseSet<T, kPhases> set,
@@ -483,6 +484,7 @@ template <typename T, int BN, bool kRelu, bool kStats, bool kTma, int kPhases>
 cudaError_t launch_wgmma_fprop(PhaseSet<T, kPhases> set, int count, const TmaMaps<kPhases>& maps,
                                cudaStream_t stream) {
   constexpr auto kernel = conv2d_wgmma_fprop_kernel<T, BN, kRelu, kStats, kTma, kPhases>;
+  if (count < 1 || count > kPhases) return cudaErrorInvalidValue;
   cudaError_t err = prepare_kernel<kernel>(WgTile<BN>::kSmemBytes);
   if (err != cudaSuccess) return err;
   int64_t tiles = 0;

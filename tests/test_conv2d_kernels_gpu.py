@@ -40,6 +40,9 @@ RESNET_SHAPES = [
     # stride 2 on odd sizes: backward_input's 4 phases (16x17, 16x16, 15x17 and 15x16 pixels; 1, 2, 2 and 4 taps) in
     # one persistent launch under implicit_tma, 200 tiles of unequal k-loops walked across the phases
     (40, 64, 31, 33, 128, 3, 3, 2, 1, 1, 1),
+    # fewer phases than a launch holds (2: stride (2, 1)), and more (9 at stride 3: launches of 4, 4 and 1)
+    (2, 64, 9, 11, 64, 3, 1, (2, 1), (1, 0), 1, 1),
+    (2, 64, 12, 12, 64, 3, 3, 3, 1, 1, 1),
 ]
 
 # implicit_tma's geometry (at least 64 channels; cuda_ops/conv2d_wgmma.cu): channel and output-channel counts that are
@@ -272,6 +275,22 @@ def test_conv2d_tma_takes_its_shapes(si):
     else:
         with pytest.raises(ValueError, match="backward_weight needs"):
             op.conv2d_backward(g, x, w, st, pad, dil, groups, wgrad, "implicit_tma")
+
+
+@pytest.mark.parametrize("si", [len(RESNET_SHAPES) - 2, len(RESNET_SHAPES) - 1])
+def test_conv2d_tma_backward_input_phase_groups(si):
+    """implicit_tma must take the input gradient of the 2-phase and the 9-phase shape (a launch of fewer phases than
+    it holds; launches of 4, 4 and 1) and match the direct rung (test_conv2d_variant_resnet18_bf16, which accepts a
+    refusal, checks every rung against float64)."""
+    if not _is_sm90():
+        pytest.skip("implicit_tma needs an sm_90 GPU")
+    x, w, b, g, conv = _make(RESNET_SHAPES[si], torch.bfloat16, "nhwc")
+    st, pad, dil, groups = _pair(conv["stride"]), _pair(conv["padding"]), _pair(conv["dilation"]), conv["groups"]
+    op = torch.ops.torchext
+    mask = [True, False, False]
+    gx = op.conv2d_backward(g, x, w, st, pad, dil, groups, mask, "implicit_tma")[0]
+    ref = op.conv2d_backward(g, x, w, st, pad, dil, groups, mask, "direct")[0]
+    torch.testing.assert_close(gx.float(), ref.float(), rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
