@@ -142,22 +142,40 @@ def gpu_us_per_step(fn, steps: int, device: torch.device) -> float | None:
     return result["total_us"] / steps if result.get("share") is not None else None
 
 
+def synthetic_images(n: int) -> tuple:
+    """n random CIFAR-shaped uint8 images (NHWC) and labels, the same on every call."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (n, 32, 32, 3), dtype=torch.uint8, generator=gen)
+    return x, torch.randint(0, 10, (n,), generator=gen)
+
+
+def contenders_of(cfg: CompareConfig, device: torch.device, steps_per_epoch: int) -> dict:
+    """{'stock': ..., 'torchext': ...}: the two models with their losses, optimizers and schedules, as the tool
+    builds them."""
+    stock, ours, _ = _models(cfg, 10, device, seed=0)
+    return dict(zip(PROVIDERS, _contenders(stock, ours, cfg, device, _Dist(), steps_per_epoch), strict=True))
+
+
+def premade_batches(x, y, cfg: CompareConfig, device: torch.device) -> list:
+    """PREMADE_BATCHES augmented batches on the device, made beforehand (GPULoader, one batch at a time)."""
+    loader = GPULoader(
+        x, y, cfg.batch_size, train=True, device=device, seed=0, channels_last=cfg.channels_last, chunk=1
+    )
+    return list(itertools.islice(iter(loader), PREMADE_BATCHES))
+
+
 def bench_model(model: str, args, device: torch.device, writer: CsvWriter) -> dict:
     """Times every loop of one model for both providers; returns {(provider, loop): {metric: Timing}}."""
     cfg = recipe(model, device, args.batch_size)
-    gen = torch.Generator().manual_seed(0)
-    n = max(args.epoch_images, (PREMADE_BATCHES + 1) * cfg.batch_size)
-    x = torch.randint(0, 256, (n, 32, 32, 3), dtype=torch.uint8, generator=gen)
-    y = torch.randint(0, 10, (n,), generator=gen)
+    x, y = synthetic_images(max(args.epoch_images, (PREMADE_BATCHES + 1) * cfg.batch_size))
     dist = _Dist()
-    stock, ours, _ = _models(cfg, 10, device, seed=0)
     loader = _train_loader(x, y, cfg, device, seed=0)
     loader_c1 = GPULoader(
         x, y, cfg.batch_size, train=True, device=device, seed=0, channels_last=cfg.channels_last, chunk=1
     )
     epoch_loader = _train_loader(x[: args.epoch_images], y[: args.epoch_images], cfg, device, seed=0)
-    premade = list(itertools.islice(iter(loader_c1), PREMADE_BATCHES))
-    contenders = dict(zip(PROVIDERS, _contenders(stock, ours, cfg, device, dist, len(loader)), strict=True))
+    premade = premade_batches(x, y, cfg, device)
+    contenders = contenders_of(cfg, device, len(loader))
 
     fns = {}
     for provider, c in contenders.items():

@@ -25,12 +25,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_loop import PREMADE_BATCHES, PROVIDERS, recipe  # noqa: E402
+from bench_loop import PREMADE_BATCHES, contenders_of, premade_batches, recipe, synthetic_images  # noqa: E402
 from common import CsvWriter, environment  # noqa: E402
 
 from torchext.compare.devices import _Dist  # noqa: E402
-from torchext.compare.train import _contenders, _models, _train_batch  # noqa: E402
-from torchext.data import GPULoader  # noqa: E402
+from torchext.compare.train import _train_batch  # noqa: E402
 
 LAUNCH = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 
@@ -78,15 +77,10 @@ def main(argv=None):
     for model in args.models.split(","):
         batch = 16 if device.type == "cpu" else None
         cfg = dataclasses.replace(recipe(model, device, batch), swap_conv=not args.no_swap_conv)
-        gen = torch.Generator().manual_seed(0)
-        n = (PREMADE_BATCHES + 1) * cfg.batch_size
-        x = torch.randint(0, 256, (n, 32, 32, 3), dtype=torch.uint8, generator=gen)
-        y = torch.randint(0, 10, (n,), generator=gen)
+        x, y = synthetic_images((PREMADE_BATCHES + 1) * cfg.batch_size)
         dist = _Dist()
-        stock, ours, _ = _models(cfg, 10, device, seed=0)
-        loader = GPULoader(x, y, cfg.batch_size, train=True, device=device, seed=0, channels_last=cfg.channels_last)
-        premade = list(itertools.islice(iter(loader), PREMADE_BATCHES))
-        contenders = dict(zip(PROVIDERS, _contenders(stock, ours, cfg, device, dist, len(loader)), strict=True))
+        premade = premade_batches(x, y, cfg, device)
+        contenders = contenders_of(cfg, device, PREMADE_BATCHES + 1)
         conv = "cuDNN's convolutions" if args.no_swap_conv else "every layer torchext's"
         print(f"## {model}: batch {cfg.batch_size}, {cfg.optimizer}, amp {cfg.amp}, torchext: {conv}\n")
         results, cprofiles = {}, {}
@@ -116,8 +110,9 @@ def main(argv=None):
             writer.row(model, provider, "step", shape, dtype, "host_time", "us", host, host, host)
             writer.row(model, provider, "step", shape, dtype, "launches", "count", launches, launches, launches)
             for name, calls, us in ops[: args.top]:
-                writer.row(model, provider, name.replace(",", ";"), shape, dtype, "self_cpu_time", "us", us, us, us)
-                writer.row(model, provider, name.replace(",", ";"), shape, dtype, "calls", "count", calls, calls, calls)
+                op = name.replace(",", ";")
+                writer.row(model, provider, op, shape, dtype, "self_cpu_time", "us", us, us, us)
+                writer.row(model, provider, op, shape, dtype, "calls", "count", calls, calls, calls)
         print("| provider | host us per step | launches per step |")
         print("|---|---|---|")
         for provider, (host, launches, _) in results.items():
