@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
-from conftest import device_params
+from conftest import device_params, gpu
 from torch import nn
 
 import torchext
@@ -247,6 +247,204 @@ def test_fused_model_guards_its_fused_layers_and_still_compiles():
     torch._dynamo.reset()
     compiled = torch.compile(fused, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(compiled(x), stock(x))
+
+
+# Convolutions followed by a BatchNorm (which then takes their sums): every convolution of these ResNets.
+CONV_STATS = {"resnet18_cifar": 20, "torchvision_resnet18": 20, "torchvision_resnet50": 53}
+
+
+@pytest.mark.parametrize("name", list(_models()))
+def test_conv_stats_pairs_found_and_reported(name):
+    _, report, _, fusions = _pair(name)
+    pairs = CONV_STATS[name]
+    assert len(report.graph_conv_stats) == pairs, str(report)
+    assert len(report.graph_fused) == fusions, "[the pairs are not counted as BatchNorm fusions]"
+    assert all(f.pattern == "conv+bn stats" and f.new == "torchext.nn.Conv2dStats" for f in report.graph_conv_stats)
+    convs = [m for m in report.model.modules() if isinstance(m, nn.Conv2d)]
+    assert len(convs) == pairs and all(type(m) is tnn.Conv2dStats for m in convs)
+    assert report.counts["graph_conv_stats"] == pairs and f"{pairs} conv->BatchNorm statistics" in str(report)
+    assert "statistics from the convolution" in str(report)
+    assert report.as_dict()["graph_conv_stats"][0]["modules"] == "conv1 -> bn1", report.graph_conv_stats[0]
+
+
+def test_conv_stats_replace_the_statistics_pass_in_training_only(monkeypatch):
+    """In training each BatchNorm gets its convolution's sums (conv2d_stats once per convolution, and every BatchNorm
+    called with them); in eval neither; a BatchNorm that trains after a convolution in eval computes its own, and
+    the outputs still match the stock model's."""
+    stock, report, shape, _ = _pair("resnet18_cifar")
+    fused = report.model
+    seen = {"stats": 0, "sums": 0, "bn": 0}
+    real_stats, real_bn = torchext.ops.conv2d_stats, torchext.functional.batch_norm_relu
+
+    def counting_stats(*args, **kwargs):
+        seen["stats"] += 1
+        return real_stats(*args, **kwargs)
+
+    def counting_bn(*args, **kwargs):
+        seen["bn"] += 1
+        seen["sums"] += kwargs.get("sum") is not None
+        return real_bn(*args, **kwargs)
+
+    monkeypatch.setattr(torchext.ops, "conv2d_stats", counting_stats)
+    monkeypatch.setattr(torchext.functional, "batch_norm_relu", counting_bn)
+    x = torch.randn(shape, dtype=torch.float64)
+    _close(fused(x), stock(x), 1e-6, "training output")
+    assert seen == {"stats": 20, "sums": 9, "bn": 9}, seen  # 9 BatchNorm + ReLU: the stem's and each block's first
+    fused.eval()
+    stock.eval()
+    seen.update(stats=0, sums=0, bn=0)
+    with torch.no_grad():
+        _close(fused(x), stock(x), 1e-6, "eval output")
+    assert seen == {"stats": 0, "sums": 0, "bn": 9}, seen
+    for m in (fused, stock):  # BatchNorms train, convolutions in eval
+        for bn in (b for b in m.modules() if isinstance(b, nn.BatchNorm2d)):
+            bn.train()
+    seen.update(stats=0, sums=0, bn=0)
+    _close(fused(x), stock(x), 1e-6, "BatchNorms training after convolutions in eval")
+    assert seen == {"stats": 0, "sums": 0, "bn": 9}, seen
+    stock_buffers = dict(stock.named_buffers())
+    for k, b in fused.named_buffers():
+        _close(b.double(), stock_buffers[k].double(), 1e-6, k)
+
+
+class _ConvUsedTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.bn(y) + y  # the convolution's output has another user: its Conv2d stays plain
+
+
+class _ConvCalledTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn1, self.bn2 = nn.Conv2d(3, 3, 3, padding=1), nn.BatchNorm2d(3), nn.BatchNorm2d(3)
+
+    def forward(self, x):
+        return self.bn2(self.conv(self.bn1(self.conv(x))))
+
+
+class _ConvAsResidual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 3, 3, padding=1), nn.BatchNorm2d(3)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return F.relu(self.bn(y) + y)  # fused into bn(y, y): the residual is the convolution's output too
+
+
+class _ConvReflectPadding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=2, padding=2, padding_mode="reflect", bias=True)
+        self.bn = nn.BatchNorm2d(4, momentum=None)
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+@pytest.mark.parametrize(
+    "cls, pairs, reason",
+    [
+        (_ConvUsedTwice, 0, None),
+        (_ConvCalledTwice, 0, "called more than once"),
+        (_ConvAsResidual, 0, None),
+        (_ConvReflectPadding, 1, None),
+    ],
+    ids=["output-used-twice", "called-twice", "conv-as-residual", "reflect-padding"],
+)
+def test_conv_stats_left_alone_or_used_matches_stock(cls, pairs, reason):
+    torch.manual_seed(0)
+    model = _randomize_bn(cls()).double()
+    stock = copy.deepcopy(model)
+    report = torchext.swap_modules(model)
+    assert len(report.graph_conv_stats) == pairs, str(report)
+    if reason is not None:
+        assert any(n.pattern == "conv+bn stats" and reason in n.reason for n in report.graph_not_fused), str(report)
+    for _ in range(2):  # running statistics (momentum=None: cumulative) and gradients too
+        x = torch.randn(2, 3, 7, 9, dtype=torch.float64, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        out, ref = report.model(x2), stock(x)
+        torch.testing.assert_close(out, ref)
+        g = torch.randn_like(ref)
+        out.backward(g)
+        ref.backward(g)
+        torch.testing.assert_close(x2.grad, x.grad)
+    for (k, a), b in zip(report.model.state_dict().items(), stock.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, msg=k)
+
+
+def test_conv_stats_guarded_and_hooks_leave_a_pair_alone():
+    """The GraphModule refuses to have a Conv2dStats, or a plain BatchNorm taking its sums, replaced; the model
+    swapped module by module keeps its own plain Conv2d; a hook on a convolution leaves its pair alone."""
+    _, report, _, _ = _pair("resnet18_cifar")
+    fused = report.model
+    with pytest.raises(TypeError, match="'conv1' is a fused Conv2dStats"):
+        fused.conv1 = nn.Conv2d(3, 64, 3, padding=1)
+    # In a downsampling block the add + ReLU went into the shortcut's BatchNorm; conv2 -> bn2 is a plain BatchNorm2d
+    # that takes the sums.
+    assert type(fused.get_submodule("layer2.0.bn2")) is tnn.BatchNorm2d
+    with pytest.raises(TypeError, match="'layer2.0.bn2' is a fused BatchNorm2d .*per-channel sums"):
+        fused.get_submodule("layer2.0").add_module("bn2", nn.SyncBatchNorm(128))
+    model = torchext.models.resnet18_cifar().double()
+    report = torchext.swap_modules(model, inplace=True)
+    assert type(model.conv1) is tnn.Conv2d and type(report.model.conv1) is tnn.Conv2dStats
+    assert model.conv1.weight is report.model.conv1.weight
+    # The model swapped module by module still has plain modules of its own, unguarded.
+    torch.manual_seed(0)
+    model = torchext.models.resnet18_cifar().double()
+    model.layer1[0].conv1.register_forward_hook(lambda *args: None)
+    report = torchext.swap_modules(model)
+    assert len(report.graph_conv_stats) == 19, str(report)
+    assert ("conv+bn stats", "layer1.0.conv1 -> layer1.0.bn1") in [
+        (n.pattern, n.modules) for n in report.graph_not_fused
+    ]
+
+
+@gpu
+def test_conv_stats_bf16_autocast_channels_last_on_the_gpu(monkeypatch):
+    """The recipe's setting (bf16 autocast, channels-last, the tensor-core convolutions' epilogue sums): two training
+    steps of the swapped model against the same stock model in float64, as accurate (relative L2 error of the output,
+    every parameter's gradient and every running statistic) as the same swapped model whose BatchNorms compute their
+    own statistics, within a factor of 2; a wrong or misplaced sum is off by order 1."""
+    torch.manual_seed(0)
+    stock = _randomize_bn(torchext.models.resnet18_cifar()).cuda().to(memory_format=torch.channels_last)
+    reference = copy.deepcopy(stock).double()
+    with_stats = torchext.swap_modules(copy.deepcopy(stock)).model
+    with monkeypatch.context() as m:
+        m.setattr(fusion, "_use_conv_stats", lambda gm, report, calls: 0)
+        without = torchext.swap_modules(copy.deepcopy(stock)).model
+    assert any(type(c) is tnn.Conv2dStats for c in with_stats.modules())
+    assert not any(type(c) is tnn.Conv2dStats for c in without.modules())
+
+    def rel(a, r):
+        return ((a.double() - r).norm() / r.norm().clamp_min(1e-30)).item()
+
+    def check(what, a, b, r):
+        ours, theirs = rel(a, r), rel(b, r)
+        assert ours <= 2 * theirs + 1e-3, f"{what}: relative error {ours:.3g}, {theirs:.3g} with BatchNorm's own pass"
+
+    for step in range(2):
+        x = torch.randn(64, 3, 16, 16, device="cuda").to(memory_format=torch.channels_last)
+        outs = []
+        for model in (with_stats, without):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = model(x)
+            out.float().square().mean().backward()
+            outs.append(out)
+        ref = reference(x.double())
+        ref.square().mean().backward()
+        check(f"output, step {step}", outs[0], outs[1], ref)
+    params_without, params_ref = dict(without.named_parameters()), dict(reference.named_parameters())
+    for k, p in with_stats.named_parameters():
+        check(f"{k}'s gradient", p.grad, params_without[k].grad, params_ref[k].grad)
+    buffers_without, buffers_ref = dict(without.named_buffers()), dict(reference.named_buffers())
+    for k, b in with_stats.named_buffers():
+        if b.is_floating_point():
+            check(k, b, buffers_without[k], buffers_ref[k].double())
 
 
 def _fork_nodes(model):

@@ -73,11 +73,12 @@ def test_resnet18_cifar_report():
     assert c["replaced_by_class"] == expected, c
     assert c["fused"] == 0, "[the fc layer is not followed by an activation]"
     assert c["graph_fused"] == 17, "[the stem's and each block's BN+ReLU, each block's BN+add+ReLU]"
+    assert c["graph_conv_stats"] == 20, "[every convolution gives the BatchNorm after it its statistics]"
     assert c["left_stock_by_class"] == {}, c
     assert all(s.reason == NO_KERNEL for s in report.left_stock)
     assert not any(type(m) in (nn.ReLU, nn.Linear, nn.Conv2d) for m in model.modules()), "a stock layer is left"
     assert ("layer2.0.relu2", "nn.ReLU", "torchext.nn.ReLU") in report.replaced
-    assert ("layer3.0.downsample.0", "nn.Conv2d", "torchext.nn.Conv2d") in report.replaced
+    assert ("layer3.0.downsample.0", "nn.Conv2d", "torchext.nn.Conv2dStats") in report.replaced
     kept = swap_modules(models.resnet18_cifar(), conv=False)
     assert ("layer3.0.downsample.0", "nn.Conv2d", "conv=False") in kept.left_stock
 

@@ -1,5 +1,6 @@
-"""Fusions that span modules, found with torch.fx: BatchNorm + ReLU and BatchNorm + residual add + ReLU; and forks
-of the tensors used twice, whose gradients then meet in torchext's add.
+"""Fusions that span modules, found with torch.fx: BatchNorm + ReLU and BatchNorm + residual add + ReLU; BatchNorm's
+statistics from the convolution before it; and forks of the tensors used twice, whose gradients then meet in
+torchext's add.
 
 ``swap_modules(model, fuse=True)`` calls ``fuse_batch_norm(model, report)`` after swapping module by module. It traces
 the model with ``torch.fx`` (torch.nn and torchext.nn modules are leaves) and rewrites, in the traced graph:
@@ -16,6 +17,18 @@ buffers, and the ReLU and the add leave the graph; the original model keeps its 
 sharing those tensors. A pattern is left alone, and reported with its reason, when the BatchNorm's output is used
 elsewhere too (the ReLU would change what that other user sees), when the BatchNorm module is called more than once, or
 when it carries hooks.
+
+Then the convolutions' statistics. Where a torchext ``Conv2d`` (no activation) feeds only a torchext BatchNorm (plain,
+fused with the ReLU, or with the add and the ReLU), the convolution becomes a ``torchext.nn.Conv2dStats`` (the same
+Parameters) that in training also returns its output's per-channel sum and sum of squares from its epilogue
+(``conv2d_stats``), and the BatchNorm takes them (``bn(out, sum=..., sum_sq=...)``) in place of its statistics pass:
+one read of the output less per BatchNorm in a training step, every convolution-BatchNorm pair of a ResNet. In eval the
+convolution returns no sums and the BatchNorm normalizes with its running statistics, as before; a BatchNorm in
+training after a convolution in eval computes its own. Each is reported in ``report.graph_conv_stats`` (pattern
+'conv+bn stats'); a pair left alone (the convolution or the BatchNorm called twice or carrying hooks) in
+``report.graph_not_fused`` with its reason. The sums are accumulated in float32 in a fixed order (deterministic);
+E[x^2] - E[x]^2 then gives the variance, which loses precision only where a channel's mean is large against its spread
+(docs/batch_norm.md).
 
 Then the forks. Where a tensor feeds several modules (a residual block's input goes to its first convolution and to
 the shortcut: the fused BatchNorm's residual argument, or the downsampling convolution), autograd sums the gradients
@@ -45,8 +58,9 @@ model's); ``model.eval()``, ``train()``, DataParallel / DDP wrapping, ``torch.co
 work on it as on the model. A model that fx cannot trace (data-dependent control flow, hooks on the model itself) is
 returned unchanged, with the reason in the report: its modules are still swapped one by one.
 
-A fused BatchNorm module computes more than its class's name says (the ReLU, and the add, left the graph), so the
-GraphModule refuses to have one replaced by a module of another kind: ``nn.SyncBatchNorm.convert_sync_batchnorm``,
+A fused BatchNorm module computes more than its class's name says (the ReLU, and the add, left the graph), and a
+Conv2dStats and the BatchNorm taking its sums depend on each other, so the GraphModule refuses to have one replaced by a
+module of another kind: ``nn.SyncBatchNorm.convert_sync_batchnorm``,
 which swaps every BatchNorm for a plain SyncBatchNorm, raises a ``TypeError`` naming the fused layer instead of
 silently dropping its ReLU (convert the stock model before ``swap_modules``, or swap with ``fuse=False``). The guard is
 on the GraphModule and on the containers fx made for it; it survives ``copy.deepcopy``, not pickling."""
@@ -69,11 +83,12 @@ __all__ = ["GraphFused", "GraphNotFused", "fuse_batch_norm"]
 
 
 class GraphFused(NamedTuple):
-    pattern: str  # 'bn+relu', 'bn+add+relu' or 'fork'
+    pattern: str  # 'bn+relu', 'bn+add+relu', 'conv+bn stats' or 'fork'
     # the modules (and the add) that became one, e.g. 'layer1.0.bn2 + add + layer1.0.relu'; for a fork, the tensor's
-    # producer and the modules that share it, e.g. 'layer1.0.bn2 -> layer1.1.conv1 + layer1.1.bn2'
+    # producer and the modules that share it, e.g. 'layer1.0.bn2 -> layer1.1.conv1 + layer1.1.bn2'; for the
+    # statistics, the convolution and the BatchNorm, e.g. 'layer1.0.conv1 -> layer1.0.bn1'
     modules: str
-    new: str  # the BatchNorm module's new class; for a fork, 'torchext.functional.fork'
+    new: str  # the BatchNorm module's new class; a fork's 'torchext.functional.fork'; 'torchext.nn.Conv2dStats'
 
 
 class GraphNotFused(NamedTuple):
@@ -147,7 +162,18 @@ def _fused_copy(bn: nn.Module, cls: type) -> nn.Module:
     return new
 
 
-_FUSED_CLASSES = (tnn.BatchNormReLU2d, tnn.BatchNormAddReLU2d)
+_FUSED_CLASSES = (tnn.BatchNormReLU2d, tnn.BatchNormAddReLU2d, tnn.Conv2dStats)
+_BN_CLASSES = (nn.BatchNorm2d, tnn.BatchNorm2d)
+# The BatchNorms that can take a convolution's sums (their forward has sum / sum_sq).
+_STATS_BN_CLASSES = (tnn.BatchNorm2d, tnn.BatchNormReLU2d, tnn.BatchNormAddReLU2d)
+# Set on a BatchNorm module of the GraphModule that takes a Conv2dStats' sums (the guard keeps its class).
+_TAKES_STATS = "_torchext_takes_conv_stats"
+
+
+def _guarded(module: object) -> bool:
+    return isinstance(module, _FUSED_CLASSES) or bool(getattr(module, _TAKES_STATS, False))
+
+
 # The modules a forked tensor may come from and feed: torchext.nn's own classes, none of which writes into its input
 # or returns a view of it.
 _FORKABLE_USERS = frozenset(getattr(tnn, name) for name in tnn.__all__)
@@ -156,12 +182,21 @@ _FORKABLE_USERS = frozenset(getattr(tnn, name) for name in tnn.__all__)
 def _check_replacement(parent: nn.Module, name: str, module: object) -> None:
     """Raises TypeError when ``parent``'s child ``name`` is a fused BatchNorm and ``module`` is not of its class."""
     old = parent.__dict__.get("_modules", {}).get(name)
-    if isinstance(old, _FUSED_CLASSES) and not isinstance(module, type(old)):
-        what = "the ReLU" if isinstance(old, tnn.BatchNormReLU2d) else "the residual add and the ReLU"
+    if _guarded(old) and not isinstance(module, type(old)):
+        if isinstance(old, tnn.Conv2dStats):
+            folded = "a convolution that also returns its output's per-channel sums for the BatchNorm after it"
+            what = "those sums (the BatchNorm would get a tuple)"
+        elif isinstance(old, tnn.BatchNormReLU2d):
+            folded, what = "BatchNorm with the ReLU folded in", "the ReLU"
+        elif isinstance(old, tnn.BatchNormAddReLU2d):
+            folded, what = "BatchNorm with the residual add and the ReLU folded in", "the residual add and the ReLU"
+        else:
+            folded = "BatchNorm that takes the per-channel sums of the convolution before it"
+            what = "those sums (its forward would not take them)"
         name = parent.__dict__.get("_fused_prefix", "") + name
         raise TypeError(
-            f"torchext: {name!r} is a fused {type(old).__name__} (BatchNorm with {what} folded in by swap_modules' "
-            f"torch.fx fusion); replacing it with a {type(module).__name__} would drop {what}. To use "
+            f"torchext: {name!r} is a fused {type(old).__name__} ({folded} by swap_modules' torch.fx fusion); "
+            f"replacing it with a {type(module).__name__} would drop {what}. To use "
             "nn.SyncBatchNorm, convert the stock model before swap_modules (SyncBatchNorm layers are left stock), or "
             "swap with fuse=False. A conversion interrupted by this error has left the model partly converted."
         )
@@ -198,7 +233,7 @@ class _FusedGraphModule(_GuardsFusedChildren, fx.GraphModule):
 def _guard_fused_parents(gm: fx.GraphModule) -> None:
     """Makes the fx-made parent of every fused BatchNorm a _FusedContainer that knows its path (for the message)."""
     for name, module in gm.named_modules():
-        if isinstance(module, _FUSED_CLASSES) and "." in name:
+        if _guarded(module) and "." in name:
             parent_name = name.rpartition(".")[0]
             parent = gm.get_submodule(parent_name)
             if type(parent) is nn.Module:
@@ -238,6 +273,52 @@ def _restore_module_tree(gm: fx.GraphModule, model: nn.Module) -> None:
         target._modules = type(target._modules)((k, target._modules[k]) for k in order + rest)
 
 
+def _use_conv_stats(gm: fx.GraphModule, report, calls: dict) -> int:
+    """Makes each torchext Conv2d that feeds only a torchext BatchNorm a Conv2dStats whose sums the BatchNorm takes
+    (the module docstring), reporting each pair in ``report.graph_conv_stats`` and each pair left alone in
+    ``report.graph_not_fused``. Returns the number of pairs."""
+    pairs = 0
+    for bn_node in list(gm.graph.nodes):
+        bn = _module(gm, bn_node)
+        if type(bn) not in _STATS_BN_CLASSES or not bn_node.args or bn_node.kwargs:
+            continue
+        conv_node = bn_node.args[0]
+        if not isinstance(conv_node, fx.Node) or conv_node.op != "call_module":
+            continue
+        conv = _module(gm, conv_node)
+        if type(conv) is not tnn.Conv2d or conv.activation != "none" or len(conv_node.users) != 1:
+            continue
+        if conv_node in bn_node.args[1:]:  # bn(c, c): the residual is the convolution's output too
+            continue
+        names = f"{conv_node.target} -> {bn_node.target}"
+        reason = None
+        if calls[conv_node.target] > 1 or calls[bn_node.target] > 1:
+            reason = "the convolution or the BatchNorm is called more than once in the model"
+        elif _has_hooks(conv) or _has_hooks(bn):
+            reason = "a hook is registered on the convolution or the BatchNorm"
+        elif bn.num_features != conv.out_channels:
+            reason = f"the BatchNorm has {bn.num_features} features, the convolution {conv.out_channels} channels"
+        if reason is not None:
+            report.graph_not_fused.append(GraphNotFused("conv+bn stats", names, reason))
+            continue
+        _set_submodule(gm, conv_node.target, _fused_copy(conv, tnn.Conv2dStats))
+        if bn_node.target not in report.fused_bn:  # a plain BatchNorm, still the model's own module: a copy
+            bn = _fused_copy(bn, type(bn))
+            _set_submodule(gm, bn_node.target, bn)
+        bn.__dict__[_TAKES_STATS] = True
+        parts, last = [], conv_node
+        for i in range(3):  # out, sum, sum_sq, in this order after the convolution
+            with gm.graph.inserting_after(last):
+                last = gm.graph.call_function(operator.getitem, (conv_node, i))
+            parts.append(last)
+        bn_node.args = (parts[0],) + tuple(bn_node.args[1:])
+        bn_node.kwargs = {"sum": parts[1], "sum_sq": parts[2]}
+        pairs += 1
+        report.graph_conv_stats.append(GraphFused("conv+bn stats", names, "torchext.nn.Conv2dStats"))
+        report.fused_bn[str(conv_node.target)] = (type(conv), tnn.Conv2dStats)
+    return pairs
+
+
 def _insert_forks(gm: fx.GraphModule, report) -> int:
     """Gives every tensor of ``gm``'s graph that feeds several torchext modules a ``torchext.functional.fork`` (the
     rules are the module docstring's), reporting each fork in ``report.graph_forks`` and each tensor left alone for a
@@ -267,13 +348,15 @@ def _insert_forks(gm: fx.GraphModule, report) -> int:
 
 
 def fuse_batch_norm(model: nn.Module, report) -> nn.Module:
-    """Rewrites ``model``'s BatchNorm + ReLU and BatchNorm + add + ReLU patterns, then forks the tensors that feed
-    several torchext modules (see the module docstring), and records each fusion (``report.graph_fused``;
-    ``report.fused_bn`` maps each fused BatchNorm's name to its (old, new) class), each fork (``report.graph_forks``),
+    """Rewrites ``model``'s BatchNorm + ReLU and BatchNorm + add + ReLU patterns, gives each BatchNorm after a
+    convolution the convolution's sums, then forks the tensors that feed several torchext modules (see the module
+    docstring), and records each fusion (``report.graph_fused``; ``report.fused_bn`` maps each fused BatchNorm's and
+    Conv2dStats' name to its (old, new) class), each convolution giving its BatchNorm's statistics
+    (``report.graph_conv_stats``), each fork (``report.graph_forks``),
     each pattern left alone (``report.graph_not_fused``) and how the model was handled (``report.graph_note``) in
     ``report`` (a ``SwapReport``). Returns the model to use: a GraphModule when something was fused or forked, else
     ``model`` itself."""
-    bn_classes = (nn.BatchNorm2d, tnn.BatchNorm2d)
+    bn_classes = _BN_CLASSES
     if not any(type(m) in bn_classes for m in model.modules()):
         return model
     if _has_hooks(model):
@@ -343,8 +426,9 @@ def fuse_batch_norm(model: nn.Module, report) -> nn.Module:
         fused_any = True
         report.graph_fused.append(GraphFused(pattern, names, f"torchext.nn.{new_cls.__name__}"))
         report.fused_bn[str(bn_node.target)] = (old_cls, new_cls)
+    stats = _use_conv_stats(gm, report, calls)
     forks = _insert_forks(gm, report)
-    if not fused_any and not forks:
+    if not fused_any and not stats and not forks:
         report.graph_note = "traced with torch.fx: no BatchNorm pattern to fuse and no tensor to fork"
         return model
     _restore_module_tree(gm, model)
@@ -352,5 +436,8 @@ def fuse_batch_norm(model: nn.Module, report) -> nn.Module:
     gm.graph.lint()
     gm.recompile()
     gm.train(model.training)
-    report.graph_note = f"traced with torch.fx: {len(report.graph_fused)} BatchNorm fusion(s), {forks} fork(s)"
+    report.graph_note = (
+        f"traced with torch.fx: {len(report.graph_fused)} BatchNorm fusion(s), {stats} convolution(s) giving their "
+        f"BatchNorm's statistics, {forks} fork(s)"
+    )
     return gm

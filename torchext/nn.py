@@ -31,6 +31,7 @@ __all__ = [
     "MultiMarginLoss",
     "Linear",
     "Conv2d",
+    "Conv2dStats",
     "BatchNorm2d",
     "BatchNormReLU2d",
     "BatchNormAddReLU2d",
@@ -230,6 +231,22 @@ class Conv2d(nn.Conv2d):
         return _copy_parameters(module, conv)
 
 
+class Conv2dStats(Conv2d):
+    """A Conv2d (no activation) that, in training, also returns its output's per-channel sum and sum of squares over
+    (N, H, W) from the convolution's epilogue (torchext's conv2d_stats): ``forward(x)`` is ``(out, sum, sum_sq)``,
+    ``(out, None, None)`` in eval. The BatchNorm after it takes them as ``bn(out, sum=sum, sum_sq=sum_sq)`` and skips
+    its statistics pass. ``swap_modules``' torch.fx pass puts it where a convolution feeds only a BatchNorm (issue 19);
+    parameters and state_dict keys are nn.Conv2d's."""
+
+    def forward(self, input: Tensor) -> tuple:
+        if self.activation != "none":
+            raise ValueError(f"torchext.nn.Conv2dStats: `activation` must be 'none', got {self.activation!r}")
+        if not self.training:
+            return self._conv_forward(input, self.weight, self.bias), None, None
+        x, padding = _conv2d_input_and_padding(self, input)
+        return ops.conv2d_stats(x, self.weight, self.bias, self.stride, padding, self.dilation, self.groups)
+
+
 # --- batch normalization (torchext/ops/batch_norm.py) ----------------------------------------------------------------
 
 
@@ -250,10 +267,14 @@ class BatchNorm2d(nn.BatchNorm2d):
         keep = not self.training or self.track_running_stats
         return training, factor, self.running_mean if keep else None, self.running_var if keep else None
 
-    def forward(self, input: Tensor) -> Tensor:
+    def forward(self, input: Tensor, sum: Optional[Tensor] = None, sum_sq: Optional[Tensor] = None) -> Tensor:
+        """``sum`` / ``sum_sq``: input's per-channel sums over (N, H, W), e.g. from a Conv2dStats before it; used when
+        the batch's statistics normalize (training), ignored otherwise."""
         self._check_input_dim(input)
         training, momentum, running_mean, running_var = self._batch_norm_args()
-        return F.batch_norm(input, running_mean, running_var, self.weight, self.bias, training, momentum, self.eps)
+        s, ss = (sum, sum_sq) if training else (None, None)
+        return F.batch_norm(input, running_mean, running_var, self.weight, self.bias, training, momentum, self.eps,
+                            sum=s, sum_sq=ss)  # fmt: skip
 
     @classmethod
     def from_torch(cls, bn: nn.BatchNorm2d):
@@ -276,11 +297,12 @@ class BatchNormReLU2d(BatchNorm2d):
     output). Parameters, buffers and state_dict keys are nn.BatchNorm2d's: ``BatchNormReLU2d.from_torch(bn)`` takes a
     stock layer's."""
 
-    def forward(self, input: Tensor) -> Tensor:
+    def forward(self, input: Tensor, sum: Optional[Tensor] = None, sum_sq: Optional[Tensor] = None) -> Tensor:
         self._check_input_dim(input)
         training, momentum, running_mean, running_var = self._batch_norm_args()
+        s, ss = (sum, sum_sq) if training else (None, None)
         return F.batch_norm_relu(input, running_mean, running_var, self.weight, self.bias, training, momentum,
-                                 self.eps)  # fmt: skip
+                                 self.eps, sum=s, sum_sq=ss)  # fmt: skip
 
 
 class BatchNormAddReLU2d(BatchNorm2d):
@@ -288,11 +310,14 @@ class BatchNormAddReLU2d(BatchNorm2d):
     like x. The backward returns the residual's gradient from the same pass. Parameters, buffers and state_dict keys
     are nn.BatchNorm2d's: ``BatchNormAddReLU2d.from_torch(bn)`` takes a stock layer's."""
 
-    def forward(self, input: Tensor, residual: Tensor) -> Tensor:
+    def forward(
+        self, input: Tensor, residual: Tensor, sum: Optional[Tensor] = None, sum_sq: Optional[Tensor] = None
+    ) -> Tensor:
         self._check_input_dim(input)
         training, momentum, running_mean, running_var = self._batch_norm_args()
+        s, ss = (sum, sum_sq) if training else (None, None)
         return F.batch_norm_add_relu(input, residual, running_mean, running_var, self.weight, self.bias, training,
-                                     momentum, self.eps)  # fmt: skip
+                                     momentum, self.eps, sum=s, sum_sq=ss)  # fmt: skip
 
 
 class Conv2dBatchNormReLU(nn.Sequential):

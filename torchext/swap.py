@@ -178,10 +178,12 @@ class SwapReport:
         self.not_fused: list[NotFused] = []
         self.left_stock: list[LeftStock] = []
         self.already_torchext: list[AlreadyTorchext] = []
-        # The torch.fx rewrites (torchext/fusion.py): what became one fused BatchNorm, the tensors forked so that
+        # The torch.fx rewrites (torchext/fusion.py): what became one fused BatchNorm, the convolutions that give the
+        # BatchNorm after them its statistics, the tensors forked so that
         # their gradients meet in torchext's add, what was left and why, how the model was handled (traced, or not
         # traceable), and each fused BatchNorm's (old, new) class by name.
         self.graph_fused: list = []
+        self.graph_conv_stats: list = []
         self.graph_forks: list = []
         self.graph_not_fused: list = []
         self.graph_note: str | None = None
@@ -190,7 +192,7 @@ class SwapReport:
     @property
     def counts(self) -> dict[str, object]:
         """Totals, and per class: {'replaced', 'fused', 'not_fused', 'left_stock', 'already_torchext',
-        'graph_fused' (BatchNorm fusions), 'graph_forks', 'replaced_by_class' (old class -> n),
+        'graph_fused' (BatchNorm fusions), 'graph_conv_stats', 'graph_forks', 'replaced_by_class' (old class -> n),
         'left_stock_by_class' (class -> n)}."""
         return {
             "replaced": len(self.replaced),
@@ -199,6 +201,7 @@ class SwapReport:
             "left_stock": len(self.left_stock),
             "already_torchext": len(self.already_torchext),
             "graph_fused": len(self.graph_fused),
+            "graph_conv_stats": len(self.graph_conv_stats),
             "graph_forks": len(self.graph_forks),
             "replaced_by_class": dict(Counter(r.old for r in self.replaced)),
             "left_stock_by_class": dict(Counter(s.cls for s in self.left_stock)),
@@ -214,6 +217,7 @@ class SwapReport:
             "left_stock": [s._asdict() for s in self.left_stock],
             "already_torchext": [a._asdict() for a in self.already_torchext],
             "graph_fused": [f._asdict() for f in self.graph_fused],
+            "graph_conv_stats": [f._asdict() for f in self.graph_conv_stats],
             "graph_forks": [f._asdict() for f in self.graph_forks],
             "graph_not_fused": [n._asdict() for n in self.graph_not_fused],
             "graph_note": self.graph_note,
@@ -232,6 +236,7 @@ class SwapReport:
             f"swap_modules: {c['replaced']} replaced, {c['fused']} Linear+activation pair(s) fused, "
             f"{c['left_stock']} left stock, {c['already_torchext']} already torchext"
             + (f", {c['graph_fused']} BatchNorm fusion(s)" if c["graph_fused"] else "")
+            + (f", {c['graph_conv_stats']} conv->BatchNorm statistics" if c["graph_conv_stats"] else "")
             + (f", {c['graph_forks']} fork(s)" if c["graph_forks"] else "")
         ]
         if self.graph_note:
@@ -243,6 +248,7 @@ class SwapReport:
             ("left stock", ("module", "class", "reason"), self.left_stock),
             ("already torchext", ("module", "class"), self.already_torchext),
             ("fused by torch.fx", ("pattern", "modules", "now"), self.graph_fused),
+            ("statistics from the convolution (torch.fx)", ("pattern", "conv -> bn", "now"), self.graph_conv_stats),
             ("forked by torch.fx", ("pattern", "tensor -> users", "now"), self.graph_forks),
             ("not fused by torch.fx", ("pattern", "modules", "reason"), self.graph_not_fused),
         ]
