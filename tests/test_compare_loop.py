@@ -127,3 +127,28 @@ def test_loop_benchmark_runs_on_the_cpu(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "## mlp: batch 8" in table and "tool's iteration + GPULoader, chunk 1 (before)" in table, table
     assert "GPU work per step: not measured (CUDA only)." in table, table
+
+
+def test_loop_benchmark_timeline_runs_on_the_cpu(tmp_path, capsys):
+    """benchmarks/bench_loop.py --timeline on the CPU (runs of one epoch's 2 steps): a row per (provider, run kind,
+    metric) and both of its tables."""
+    path = os.path.join(REPO_ROOT, "benchmarks", "bench_loop.py")
+    spec = importlib.util.spec_from_file_location("bench_loop", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "timeline.csv"
+    argv = ["--device", "cpu", "--timeline", "--models", "mlp", "--batch-size", "8", "--epoch-images", "16"]
+    bench.main([*argv, "--warmup", "0", "--out", str(out)])
+    rows = out.read_text().splitlines()
+    header = rows[0].split(",")
+    cells = [dict(zip(header, r.split(","), strict=True)) for r in rows[1:]]
+    seen = {(c["provider"], c["mode"], c["metric"]) for c in cells}
+    metrics = ("wall_time", "step_mean", "step_p50", "step_p99", "first_steps", "rest_steps", "drain", "gc_count")
+    for provider in ("stock", "torchext"):
+        for kind in bench.TIMELINE_KINDS:
+            assert {(provider, f"run_{kind}", m) for m in metrics} <= seen, (provider, kind)
+    assert all(float(c["p50"]) >= 0 and c["op"] == "mlp" and c["shape"] == "8x3x32x32" for c in cells)
+    assert {c["unit"] for c in cells if c["metric"] == "gc_count"} == {"count"}
+    table = capsys.readouterr().out
+    assert "## mlp: batch 8" in table and "runs of one epoch's 2 steps (--timeline)" in table, table
+    assert "| torchext, epoch_nogc |" in table and "Where a run's time goes" in table, table
