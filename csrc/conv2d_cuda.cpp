@@ -23,9 +23,9 @@
 // direct and im2col take level 0 in every layout, so the levels matter only where a tensor-core version can run.
 //
 // conv2d_stats: the engine writes the per-channel sum and sum of squares (the implicit versions in their epilogues, the
-// others in a pass over the stored output, cuda_ops/conv2d.cu) into one (2 K) buffer in float32 (float64 for float64 inputs).
-// `sum` is its first half (a view, shape (K,), stride (1,)); `sum_sq` a copy of the second half (shape (K,), stride
-// (1,)): two outputs of one op must not share storage (torch.library.opcheck's schema check).
+// others in a pass over the stored output, cuda_ops/conv2d.cu) straight into the two outputs, `sum` and `sum_sq`
+// (shape (K,), float32; float64 for float64 inputs): two tensors, as two outputs of one op must not share storage
+// (torch.library.opcheck's schema check), and no copy.
 //
 // float32 may run on tf32 tensor cores where torch allows tf32 for convolutions:
 // at::globalContext().allowTF32CuDNN(CONV), i.e. torch.backends.cudnn.allow_tf32 (or cudnn.conv.fp32_precision),
@@ -75,6 +75,11 @@ std::string describe(const cuda_ops::Conv2dShape& s) {
 }
 
 bool channels_last(const at::Tensor& t) { return t.is_contiguous(at::MemoryFormat::ChannelsLast); }
+
+// conv2d_stats' outputs: the per-channel sums and sums of squares (K values each, contiguous).
+struct StatsOut {
+  at::Tensor sum, sum_sq;
+};
 
 // One role's tensor as the kernel sees it, and how it relates to the caller's.
 struct Operand {
@@ -131,7 +136,7 @@ cuda_ops::Tensor4<T> tensor4(const at::Tensor& t) {
 
 template <typename scalar_t>
 cuda_ops::Conv2dArgs<cuda_t<scalar_t>> make_args(const Launch& l, const at::Tensor& bias, MatmulActivation act,
-                                                 at::Tensor* stats) {
+                                                 StatsOut* stats) {
   using T = cuda_t<scalar_t>;
   cuda_ops::Conv2dArgs<T> a;
   a.shape = l.shape;
@@ -140,7 +145,8 @@ cuda_ops::Conv2dArgs<cuda_t<scalar_t>> make_args(const Launch& l, const at::Tens
   a.y = tensor4<T>(l.y.seen);
   a.bias = bias.defined() ? cuda_ptr<scalar_t>(bias) : nullptr;
   a.act = act;
-  a.stats = stats != nullptr ? static_cast<cuda_ops::acc_t<T>*>(stats->data_ptr()) : nullptr;
+  a.stats = stats != nullptr ? static_cast<cuda_ops::acc_t<T>*>(stats->sum.data_ptr()) : nullptr;
+  a.stats_sq = stats != nullptr ? static_cast<cuda_ops::acc_t<T>*>(stats->sum_sq.data_ptr()) : nullptr;
   a.allow_tf32 = std::is_same_v<T, float> && at::globalContext().allowTF32CuDNN(at::Float32Op::CONV);
   return a;
 }
@@ -151,7 +157,7 @@ cuda_ops::Conv2dArgs<cuda_t<scalar_t>> make_args(const Launch& l, const at::Tens
 template <typename scalar_t>
 void run_pass(std::string_view op, Conv2dPass pass, std::optional<Conv2dKernel> variant, const at::Tensor& x,
               const at::Tensor& w, const at::Tensor& y, const cuda_ops::Conv2dShape& shape, const at::Tensor& bias,
-              MatmulActivation act, at::Tensor* stats) {
+              MatmulActivation act, StatsOut* stats) {
   const bool wx = pass == Conv2dPass::backward_input, ww = pass == Conv2dPass::backward_weight,
              wy = pass == Conv2dPass::forward;
   const at::Tensor& written = wx ? x : ww ? w : y;
@@ -208,22 +214,22 @@ void run_pass(std::string_view op, Conv2dPass pass, std::optional<Conv2dKernel> 
 }
 
 // The statistics of an output computed without a kernel (C == 0: y = act(bias)), or over no element.
-void stats_from(const at::Tensor& y, at::Tensor& stats) {
-  const int64_t k = y.size(1);
+void stats_from(const at::Tensor& y, StatsOut& stats) {
   if (y.numel() == 0) {
-    stats.zero_();
+    stats.sum.zero_();
+    stats.sum_sq.zero_();
     return;
   }
-  const at::Tensor yf = y.to(stats.scalar_type());
-  stats.narrow(0, 0, k).copy_(yf.sum({0, 2, 3}));
-  stats.narrow(0, k, k).copy_((yf * yf).sum({0, 2, 3}));
+  const at::Tensor yf = y.to(stats.sum.scalar_type());
+  stats.sum.copy_(yf.sum({0, 2, 3}));
+  stats.sum_sq.copy_((yf * yf).sum({0, 2, 3}));
 }
 
 // conv2d and conv2d_stats: one path.
 at::Tensor conv2d_forward(std::string_view op, const at::Tensor& input, const at::Tensor& weight,
                           const std::optional<at::Tensor>& bias_in, at::IntArrayRef stride, at::IntArrayRef padding,
                           at::IntArrayRef dilation, int64_t groups, MatmulActivation act,
-                          const std::optional<c10::string_view>& variant_name, at::Tensor* stats) {
+                          const std::optional<c10::string_view>& variant_name, StatsOut* stats) {
   const Conv2dParams params = check_conv2d_args(op, input, weight, bias_in, stride, padding, dilation, groups);
   const std::optional<Conv2dKernel> variant = parse_variant(op, variant_name);
   c10::cuda::CUDAGuard guard(input.device());
@@ -266,10 +272,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv2d_stats_cuda(const at::Tenso
   constexpr const char* op = "torchext::conv2d_stats";
   const at::ScalarType acc = input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const int64_t k = weight.dim() == 4 ? weight.size(0) : 0;  // checked by conv2d_forward before any use
-  at::Tensor stats = at::empty({2 * k}, input.options().dtype(acc));
+  StatsOut stats{at::empty({k}, input.options().dtype(acc)), at::empty({k}, input.options().dtype(acc))};
   at::Tensor y = conv2d_forward(op, input, weight, bias, stride, padding, dilation, groups, MatmulActivation::none,
                                 variant, &stats);
-  return {y, stats.narrow(0, 0, k), stats.narrow(0, k, k).clone()};
+  return {y, stats.sum, stats.sum_sq};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> conv2d_backward_cuda(const at::Tensor& grad_output,

@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kReduceThreads)
 template <typename T, bool SQ>
 __global__ void __launch_bounds__(kFinalizeThreads)
     finalize_kernel(const acc_t<T>* __restrict__ partial, int64_t K, int64_t chunks, T* __restrict__ out_t,
-                    acc_t<T>* __restrict__ out_a) {
+                    acc_t<T>* __restrict__ out_a, acc_t<T>* __restrict__ out_sq) {
   using A = acc_t<T>;
   for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < K; k += int64_t(gridDim.x) * blockDim.x) {
     A sum = A(0), sq = A(0);
@@ -180,21 +180,23 @@ __global__ void __launch_bounds__(kFinalizeThreads)
     if (out_t != nullptr) out_t[k] = from_acc<T>(sum);
     if (out_a != nullptr) {
       out_a[k] = sum;
-      if (SQ) out_a[K + k] = sq;
+      if (SQ) out_sq[k] = sq;
     }
   }
 }
 
-// The shared reduction: grad_bias (T, sums only) or stats (acc_t, sums and squares).
+// The shared reduction: grad_bias (T, sums only) or stats (acc_t, sums into out_a and squares into out_sq).
 template <typename T, bool SQ>
-cudaError_t reduce_channels(const Conv2dArgs<T>& args, T* out_t, acc_t<T>* out_a, cudaStream_t stream,
-                            void* workspace) {
+cudaError_t reduce_channels(const Conv2dArgs<T>& args, T* out_t, acc_t<T>* out_a, acc_t<T>* out_sq,
+                            cudaStream_t stream, void* workspace) {
   const Conv2dShape& s = args.shape;
   const int64_t K = s.k, M = s.n * s.p * s.q;
   if (K == 0) return cudaSuccess;
   if (M == 0) {  // an empty sum
     if (out_t != nullptr) return cudaMemsetAsync(out_t, 0, size_t(K) * sizeof(T), stream);
-    return cudaMemsetAsync(out_a, 0, size_t(SQ ? 2 : 1) * size_t(K) * sizeof(acc_t<T>), stream);
+    const cudaError_t err = cudaMemsetAsync(out_a, 0, size_t(K) * sizeof(acc_t<T>), stream);
+    if (err != cudaSuccess || !SQ) return err;
+    return cudaMemsetAsync(out_sq, 0, size_t(K) * sizeof(acc_t<T>), stream);
   }
   if (workspace == nullptr) return cudaErrorInvalidValue;
   const Chunks ch = plan_chunks(M);
@@ -213,7 +215,7 @@ cudaError_t reduce_channels(const Conv2dArgs<T>& args, T* out_t, acc_t<T>* out_a
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   finalize_kernel<T, SQ><<<grid_for(K, kFinalizeThreads), kFinalizeThreads, 0, stream>>>(partial, K, ch.count, out_t,
-                                                                                        out_a);
+                                                                                        out_a, out_sq);
   return cudaGetLastError();
 }
 
@@ -345,13 +347,13 @@ size_t conv2d_backward_bias_workspace_bytes(const Conv2dArgs<T>& args) {
 template <typename T>
 cudaError_t conv2d_backward_bias(const Conv2dArgs<T>& args, T* grad_bias, cudaStream_t stream, void* workspace) {
   if (grad_bias == nullptr && args.shape.k > 0) return cudaErrorInvalidValue;
-  return reduce_channels<T, false>(args, grad_bias, nullptr, stream, workspace);
+  return reduce_channels<T, false>(args, grad_bias, nullptr, nullptr, stream, workspace);
 }
 
 template <typename T>
 cudaError_t conv2d_output_stats(const Conv2dArgs<T>& args, cudaStream_t stream, void* workspace) {
   if (args.stats == nullptr && args.shape.k > 0) return cudaErrorInvalidValue;
-  return reduce_channels<T, true>(args, nullptr, args.stats, stream, workspace);
+  return reduce_channels<T, true>(args, nullptr, args.stats, conv2d_stats_sq(args), stream, workspace);
 }
 
 #define TORCHEXT_INSTANTIATE_CONV2D(T)                                                                   \

@@ -67,11 +67,19 @@ struct Conv2dArgsT {
   Tensor4<T> x, w, y;
   // Forward only (the epilogue): bias (k values, contiguous) or nullptr, the activation (none or relu), and
   // `stats`: when not nullptr, 2 k values written with the per-output-channel sum (first k) and sum of squares
-  // (next k) of y over n, p and q, computed from the values stored (after bias and activation), in A.
+  // (next k) of y over n, p and q, computed from the values stored (after bias and activation), in A. `stats_sq`,
+  // when not nullptr, takes the k sums of squares instead (two separate tensors, no copy): see conv2d_stats_sq().
   const T* bias = nullptr;
   Activation act = Activation::none;
   A* stats = nullptr;
+  A* stats_sq = nullptr;
   bool allow_tf32 = false;  // float only: tensor-core versions may round x and w (or y) to tf32
 };
+
+// Where the sums of squares of `stats` go: stats_sq, or the k values after the sums.
+template <typename T, typename A>
+inline A* conv2d_stats_sq(const Conv2dArgsT<T, A>& a) {
+  return a.stats_sq != nullptr ? a.stats_sq : a.stats + a.shape.k;
+}
 
 }  // namespace torchext::cuda_ops

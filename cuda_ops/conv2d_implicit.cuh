@@ -85,15 +85,15 @@ struct WgradParams {
   float* partial = nullptr;  // several splits: [split][m][n]
 };
 
-// stats[which * n + j] = sum over tiles of partial[(which * n + j) * tiles + tile], in a fixed order: one block per
-// (j, which), threads striding over the tiles, then the block's fixed reduction tree.
-__global__ void conv2d_stats_reduce_kernel(const float* partial, int tiles, int n, float* stats) {
+// (which ? squares : sums)[j] = sum over tiles of partial[(which * n + j) * tiles + tile], in a fixed order: one
+// block per (j, which), threads striding over the tiles, then the block's fixed reduction tree.
+__global__ void conv2d_stats_reduce_kernel(const float* partial, int tiles, int n, float* sums, float* squares) {
   __shared__ float scratch[32];
   const int64_t row = static_cast<int64_t>(blockIdx.y) * n + blockIdx.x;
   float sum = 0.f;
   for (int t = threadIdx.x; t < tiles; t += blockDim.x) sum += partial[row * tiles + t];
   sum = block_sum(sum, scratch);
-  if (threadIdx.x == 0) stats[row] = sum;
+  if (threadIdx.x == 0) (blockIdx.y == 0 ? sums : squares)[blockIdx.x] = sum;
 }
 
 // dw[i, j] = the splits' partial sums of (i, j), added in split order.
@@ -257,15 +257,17 @@ cudaError_t forward_gemm(const Conv2dArgs<T>& a, cudaStream_t stream, void* work
   const bool stats = a.stats != nullptr;
   if (stats) {
     if (p.m == 0 || p.n == 0) {
-      if (p.n > 0) return cudaMemsetAsync(a.stats, 0, 2 * sizeof(float) * p.n, stream);
-      return cudaSuccess;
+      if (p.n == 0) return cudaSuccess;
+      const cudaError_t err = cudaMemsetAsync(a.stats, 0, sizeof(float) * p.n, stream);
+      return err != cudaSuccess ? err : cudaMemsetAsync(conv2d_stats_sq(a), 0, sizeof(float) * p.n, stream);
     }
     p.stats_partial = static_cast<float*>(workspace);
   }
   cudaError_t err = run(p, a.act == Activation::relu, stats, stream);
   if (err != cudaSuccess || !stats) return err;
   conv2d_stats_reduce_kernel<<<dim3(static_cast<unsigned>(p.n), 2), 256, 0, stream>>>(p.stats_partial, stats_tiles,
-                                                                                      p.n, a.stats);
+                                                                                      p.n, a.stats,
+                                                                                      conv2d_stats_sq(a));
   return cudaGetLastError();
 }
 
