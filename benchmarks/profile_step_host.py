@@ -8,10 +8,12 @@ overhead on the launches).
 Per provider: the step's host time (perf_counter around the iteration, median of ``--steps`` unprofiled steps, the
 GPU synchronized before each so that no step waits on the GPU's queue), the launches per step (cudaLaunchKernel
 and its variants; memsets and copies apart), and the ops with the most self CPU time per step (the profiler's
-``self_cpu_time_total`` over the profiled steps); with ``--cprofile``, the Python functions by their own time
+``self_cpu_time_total`` over the profiled steps), and the synchronizing calls torch sees in one step
+(``torch.cuda.set_sync_debug_mode``); with ``--cprofile``, the Python functions by their own time
 (cProfile, whose overhead inflates Python calls against C++ ones: read it for the ranking)."""
 
 import argparse
+import contextlib
 import cProfile
 import dataclasses
 import io
@@ -20,6 +22,8 @@ import os
 import pstats
 import sys
 import time
+import warnings
+from unittest import mock
 
 import torch
 
@@ -28,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_loop import PREMADE_BATCHES, contenders_of, premade_batches, recipe, synthetic_images  # noqa: E402
 from common import CsvWriter, environment  # noqa: E402
 
+from torchext import fusion  # noqa: E402
 from torchext.compare.devices import _Dist  # noqa: E402
 from torchext.compare.train import _train_batch  # noqa: E402
 
@@ -40,7 +45,8 @@ def _sync(device: torch.device) -> None:
 
 
 def profile(fn, steps: int, device: torch.device):
-    """(host us per step unprofiled, launches per step, [(name, calls per step, self us per step)])."""
+    """(host us per step unprofiled: (median, p20, p80), launches per step, [(name, calls per step, self us per
+    step)])."""
     host = []
     for _ in range(steps):
         _sync(device)
@@ -57,7 +63,23 @@ def profile(fn, steps: int, device: torch.device):
     events = prof.key_averages()
     launches = sum(e.count for e in events if e.key in LAUNCH) / steps
     ops = sorted(((e.key, e.count / steps, e.self_cpu_time_total / steps) for e in events), key=lambda r: -r[2])
-    return host[len(host) // 2], launches, ops
+    return (host[len(host) // 2], host[len(host) // 5], host[(4 * len(host)) // 5]), launches, ops
+
+
+def synchronizing_calls(fn, device: torch.device) -> list[str]:
+    """The synchronizing CUDA calls torch sees in one call of fn (torch.cuda.set_sync_debug_mode): .item(), host
+    copies, nonzero and the like. Calls made inside a kernel wrapper's own C++ are not seen."""
+    if device.type != "cuda":
+        return []
+    _sync(device)
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return [str(w.message).splitlines()[0][:120] for w in caught if "synchroniz" in str(w.message)]
 
 
 def main(argv=None):
@@ -68,6 +90,11 @@ def main(argv=None):
     p.add_argument("--device", default="cuda", help="cuda; cpu for a smoke run (batch 16, the CPU kernels)")
     p.add_argument("--no-swap-conv", action="store_true", help="the default recipe (convolutions stay cuDNN's)")
     p.add_argument("--cprofile", action="store_true", help="also the Python functions by own time (cProfile)")
+    p.add_argument(
+        "--no-conv-stats",
+        action="store_true",
+        help="swap_modules without its convolution -> BatchNorm statistics (each BatchNorm runs its own pass)",
+    )
     p.add_argument("--out", default="benchmarks/results/step_host_gpu.csv")
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -80,8 +107,14 @@ def main(argv=None):
         x, y = synthetic_images((PREMADE_BATCHES + 1) * cfg.batch_size)
         dist = _Dist()
         premade = premade_batches(x, y, cfg, device)
-        contenders = contenders_of(cfg, device, PREMADE_BATCHES + 1)
+        with (
+            mock.patch.object(fusion, "_use_conv_stats", lambda gm, report, calls: 0)
+            if args.no_conv_stats
+            else (contextlib.nullcontext())
+        ):
+            contenders = contenders_of(cfg, device, PREMADE_BATCHES + 1)
         conv = "cuDNN's convolutions" if args.no_swap_conv else "every layer torchext's"
+        conv += ", BatchNorms on their own statistics (--no-conv-stats)" if args.no_conv_stats else ""
         print(f"## {model}: batch {cfg.batch_size}, {cfg.optimizer}, amp {cfg.amp}, torchext: {conv}\n")
         results, cprofiles = {}, {}
         for provider, c in contenders.items():
@@ -94,6 +127,7 @@ def main(argv=None):
 
             for _ in range(5):
                 fn()
+            syncs = synchronizing_calls(fn, device)
             results[provider] = profile(fn, args.steps, device)
             if args.cprofile:
                 prof = cProfile.Profile()
@@ -106,17 +140,19 @@ def main(argv=None):
                 pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
                 cprofiles[provider] = text.getvalue()
             host, launches, ops = results[provider]
+            print(f"{provider}: {len(syncs)} synchronizing call(s) in a step{': ' if syncs else ''}{'; '.join(syncs)}")
             shape, dtype = (cfg.batch_size, 3, 32, 32), cfg.amp
-            writer.row(model, provider, "step", shape, dtype, "host_time", "us", host, host, host)
+            writer.row(model, provider, "step", shape, dtype, "host_time", "us", *host)
             writer.row(model, provider, "step", shape, dtype, "launches", "count", launches, launches, launches)
             for name, calls, us in ops[: args.top]:
                 op = name.replace(",", ";")
                 writer.row(model, provider, op, shape, dtype, "self_cpu_time", "us", us, us, us)
                 writer.row(model, provider, op, shape, dtype, "calls", "count", calls, calls, calls)
-        print("| provider | host us per step | launches per step |")
+        print()
+        print("| provider | host us per step, median (p20-p80) | launches per step |")
         print("|---|---|---|")
         for provider, (host, launches, _) in results.items():
-            print(f"| {provider} | {host:.0f} | {launches:.0f} |")
+            print(f"| {provider} | {host[0]:.0f} ({host[1]:.0f}-{host[2]:.0f}) | {launches:.0f} |")
         for provider, (_, _, ops) in results.items():
             print(f"\n### {provider}: ops by self CPU time per step\n")
             print("| op | calls per step | self CPU us per step |")
