@@ -235,6 +235,7 @@ template <typename T>
 Conv2dArgs<T> without_stats(const Conv2dArgs<T>& args) {
   Conv2dArgs<T> a = args;
   a.stats = nullptr;
+  a.stats_sq = nullptr;
   return a;
 }
 

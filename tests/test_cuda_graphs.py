@@ -208,15 +208,36 @@ def test_whole_training_step_replays_like_eager_steps():
         torch.testing.assert_close(p, p_eager, msg=lambda m, name=name: f"[{name} after the replayed steps] {m}")
 
 
+class _ResidualBlock(nn.Module):
+    """conv -> bn -> relu -> conv -> bn (+ input) -> relu -> pool -> linear: swapped, two Conv2dStats handing their
+    BatchNorms the sums, a BatchNormReLU2d, a BatchNormAddReLU2d and a fork."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)
+        self.conv2, self.bn2 = nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)
+        self.relu1, self.relu2 = nn.ReLU(), nn.ReLU()
+        self.pool, self.fc = nn.AdaptiveAvgPool2d(1), nn.Linear(16, 10)
+
+    def forward(self, x):
+        y = self.relu1(self.bn1(self.conv1(x)))
+        y = self.relu2(self.bn2(self.conv2(y)) + y)
+        return self.fc(torch.flatten(self.pool(y), 1))
+
+
 @gpu
+@pytest.mark.parametrize("model", ["cnn", "residual_block"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 @pytest.mark.parametrize("autocast_dtype", [None, torch.bfloat16], ids=str)
-def test_graphed_train_step_matches_eager_training(optimizer, autocast_dtype):
+def test_graphed_train_step_matches_eager_training(model, optimizer, autocast_dtype):
     """GraphedTrainStep's replays, with a OneCycle schedule changing a tensor lr between them, train the model to
-    the same weights and losses as plain eager steps from the same start: its warm-up steps leave no trace."""
+    the same weights and losses as plain eager steps from the same start: its warm-up steps leave no trace. The
+    residual block runs the convolutions' epilogue sums, the fused BatchNorms and a fork inside the graph."""
     torch.manual_seed(0)
-    stock = _small_cnn().cuda()
+    stock = (_small_cnn() if model == "cnn" else _ResidualBlock()).cuda()
     eager, graphed = (torchext.swap_modules(stock, inplace=False).model for _ in range(2))
+    if model == "residual_block":
+        assert sum(type(m) is torchext.nn.Conv2dStats for m in graphed.modules()) == 2
     criterion = torchext.nn.CrossEntropyLoss(label_smoothing=0.1)
     batches = [(torch.randn(16, 3, 8, 8, device="cuda"), torch.randint(0, 10, (16,), device="cuda")) for _ in range(6)]
 

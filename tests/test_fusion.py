@@ -274,34 +274,38 @@ def test_conv_stats_replace_the_statistics_pass_in_training_only(monkeypatch):
     stock, report, shape, _ = _pair("resnet18_cifar")
     fused = report.model
     seen = {"stats": 0, "sums": 0, "bn": 0}
-    real_stats, real_bn = torchext.ops.conv2d_stats, torchext.functional.batch_norm_relu
+    real_stats = torchext.ops.conv2d_stats
 
     def counting_stats(*args, **kwargs):
         seen["stats"] += 1
         return real_stats(*args, **kwargs)
 
-    def counting_bn(*args, **kwargs):
-        seen["bn"] += 1
-        seen["sums"] += kwargs.get("sum") is not None
-        return real_bn(*args, **kwargs)
+    def counting(real):
+        def bn(*args, **kwargs):
+            seen["bn"] += 1
+            seen["sums"] += kwargs.get("sum") is not None
+            return real(*args, **kwargs)
+
+        return bn
 
     monkeypatch.setattr(torchext.ops, "conv2d_stats", counting_stats)
-    monkeypatch.setattr(torchext.functional, "batch_norm_relu", counting_bn)
+    for name in ("batch_norm", "batch_norm_relu", "batch_norm_add_relu"):  # 3 plain, 9 + ReLU, 8 + add + ReLU
+        monkeypatch.setattr(torchext.functional, name, counting(getattr(torchext.functional, name)))
     x = torch.randn(shape, dtype=torch.float64)
     _close(fused(x), stock(x), 1e-6, "training output")
-    assert seen == {"stats": 20, "sums": 9, "bn": 9}, seen  # 9 BatchNorm + ReLU: the stem's and each block's first
+    assert seen == {"stats": 20, "sums": 20, "bn": 20}, seen
     fused.eval()
     stock.eval()
     seen.update(stats=0, sums=0, bn=0)
     with torch.no_grad():
         _close(fused(x), stock(x), 1e-6, "eval output")
-    assert seen == {"stats": 0, "sums": 0, "bn": 9}, seen
+    assert seen == {"stats": 0, "sums": 0, "bn": 20}, seen
     for m in (fused, stock):  # BatchNorms train, convolutions in eval
         for bn in (b for b in m.modules() if isinstance(b, nn.BatchNorm2d)):
             bn.train()
     seen.update(stats=0, sums=0, bn=0)
     _close(fused(x), stock(x), 1e-6, "BatchNorms training after convolutions in eval")
-    assert seen == {"stats": 0, "sums": 0, "bn": 9}, seen
+    assert seen == {"stats": 0, "sums": 0, "bn": 20}, seen
     stock_buffers = dict(stock.named_buffers())
     for k, b in fused.named_buffers():
         _close(b.double(), stock_buffers[k].double(), 1e-6, k)
@@ -377,6 +381,23 @@ def test_conv_stats_left_alone_or_used_matches_stock(cls, pairs, reason):
         torch.testing.assert_close(a, b, msg=k)
 
 
+def test_conv_stats_off_and_hooks_registered_after_the_swap():
+    """conv_stats=False keeps plain Conv2d and BatchNorms on their own statistics; a forward pre-hook registered on a
+    BatchNorm after the swap, which changes its input, makes that BatchNorm compute its own statistics (the sums
+    are of the input before the hook), so the model still matches the stock model with the same hook."""
+    torch.manual_seed(0)
+    stock = _randomize_bn(torchext.models.resnet18_cifar()).double()
+    report = torchext.swap_modules(copy.deepcopy(stock), conv_stats=False)
+    assert not report.graph_conv_stats and not any(type(m) is tnn.Conv2dStats for m in report.model.modules())
+    assert len(report.graph_fused) == 17, str(report)
+    fused = torchext.swap_modules(copy.deepcopy(stock)).model
+    for model in (stock, fused):
+        for name in ("bn1", "layer2.0.bn1", "layer3.0.bn2"):  # + ReLU, + ReLU, plain (downsampling block)
+            model.get_submodule(name).register_forward_pre_hook(lambda m, args: (args[0] * 3 + 1,))
+    x = torch.randn(3, 3, 16, 16, dtype=torch.float64)
+    _close(fused(x), stock(x), 1e-6, "training output, hooks changing the BatchNorms' inputs")
+
+
 def test_conv_stats_guarded_and_hooks_leave_a_pair_alone():
     """The GraphModule refuses to have a Conv2dStats, or a plain BatchNorm taking its sums, replaced; the model
     swapped module by module keeps its own plain Conv2d; a hook on a convolution leaves its pair alone."""
@@ -405,7 +426,7 @@ def test_conv_stats_guarded_and_hooks_leave_a_pair_alone():
 
 
 @gpu
-def test_conv_stats_bf16_autocast_channels_last_on_the_gpu(monkeypatch):
+def test_conv_stats_bf16_autocast_channels_last_on_the_gpu():
     """The recipe's setting (bf16 autocast, channels-last, the tensor-core convolutions' epilogue sums): two training
     steps of the swapped model against the same stock model in float64, as accurate (relative L2 error of the output,
     every parameter's gradient and every running statistic) as the same swapped model whose BatchNorms compute their
@@ -414,9 +435,7 @@ def test_conv_stats_bf16_autocast_channels_last_on_the_gpu(monkeypatch):
     stock = _randomize_bn(torchext.models.resnet18_cifar()).cuda().to(memory_format=torch.channels_last)
     reference = copy.deepcopy(stock).double()
     with_stats = torchext.swap_modules(copy.deepcopy(stock)).model
-    with monkeypatch.context() as m:
-        m.setattr(fusion, "_use_conv_stats", lambda gm, report, calls: 0)
-        without = torchext.swap_modules(copy.deepcopy(stock)).model
+    without = torchext.swap_modules(copy.deepcopy(stock), conv_stats=False).model
     assert any(type(c) is tnn.Conv2dStats for c in with_stats.modules())
     assert not any(type(c) is tnn.Conv2dStats for c in without.modules())
 

@@ -114,7 +114,9 @@ class BCEWithLogitsLoss(nn.BCEWithLogitsLoss):
 
 class MultiMarginLoss(nn.MultiMarginLoss):
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
-        return F.multi_margin_loss(input, target, p=self.p, margin=self.margin, weight=self.weight, reduction=self.reduction)
+        return F.multi_margin_loss(
+            input, target, p=self.p, margin=self.margin, weight=self.weight, reduction=self.reduction
+        )
 
 
 def _copy_parameters(module: nn.Module, source: nn.Module) -> nn.Module:
@@ -231,12 +233,23 @@ class Conv2d(nn.Conv2d):
         return _copy_parameters(module, conv)
 
 
+def _sums_if_used(module: nn.Module, training: bool, sum: Optional[Tensor], sum_sq: Optional[Tensor]) -> tuple:
+    """(sum, sum_sq) for a BatchNorm's call, or (None, None) where they must not be used: in eval (the running
+    statistics normalize), and where a forward pre-hook may have changed the input after the convolution summed it
+    (a hook registered after swap_modules): the BatchNorm then computes its own statistics."""
+    if not training or sum is None:
+        return None, None
+    if module._forward_pre_hooks or torch.nn.modules.module._global_forward_pre_hooks:
+        return None, None
+    return sum, sum_sq
+
+
 class Conv2dStats(Conv2d):
     """A Conv2d (no activation) that, in training, also returns its output's per-channel sum and sum of squares over
     (N, H, W) from the convolution's epilogue (torchext's conv2d_stats): ``forward(x)`` is ``(out, sum, sum_sq)``,
     ``(out, None, None)`` in eval. The BatchNorm after it takes them as ``bn(out, sum=sum, sum_sq=sum_sq)`` and skips
     its statistics pass. ``swap_modules``' torch.fx pass puts it where a convolution feeds only a BatchNorm (issue 19);
-    parameters and state_dict keys are nn.Conv2d's."""
+    parameters and state_dict keys are nn.Conv2d's. A forward hook registered on it sees that tuple as the output."""
 
     def forward(self, input: Tensor) -> tuple:
         if self.activation != "none":
@@ -269,10 +282,10 @@ class BatchNorm2d(nn.BatchNorm2d):
 
     def forward(self, input: Tensor, sum: Optional[Tensor] = None, sum_sq: Optional[Tensor] = None) -> Tensor:
         """``sum`` / ``sum_sq``: input's per-channel sums over (N, H, W), e.g. from a Conv2dStats before it; used when
-        the batch's statistics normalize (training), ignored otherwise."""
+        the batch's statistics normalize (training) and no forward pre-hook is registered, ignored otherwise."""
         self._check_input_dim(input)
         training, momentum, running_mean, running_var = self._batch_norm_args()
-        s, ss = (sum, sum_sq) if training else (None, None)
+        s, ss = _sums_if_used(self, training, sum, sum_sq)
         return F.batch_norm(input, running_mean, running_var, self.weight, self.bias, training, momentum, self.eps,
                             sum=s, sum_sq=ss)  # fmt: skip
 
@@ -300,7 +313,7 @@ class BatchNormReLU2d(BatchNorm2d):
     def forward(self, input: Tensor, sum: Optional[Tensor] = None, sum_sq: Optional[Tensor] = None) -> Tensor:
         self._check_input_dim(input)
         training, momentum, running_mean, running_var = self._batch_norm_args()
-        s, ss = (sum, sum_sq) if training else (None, None)
+        s, ss = _sums_if_used(self, training, sum, sum_sq)
         return F.batch_norm_relu(input, running_mean, running_var, self.weight, self.bias, training, momentum,
                                  self.eps, sum=s, sum_sq=ss)  # fmt: skip
 
@@ -315,7 +328,7 @@ class BatchNormAddReLU2d(BatchNorm2d):
     ) -> Tensor:
         self._check_input_dim(input)
         training, momentum, running_mean, running_var = self._batch_norm_args()
-        s, ss = (sum, sum_sq) if training else (None, None)
+        s, ss = _sums_if_used(self, training, sum, sum_sq)
         return F.batch_norm_add_relu(input, residual, running_mean, running_var, self.weight, self.bias, training,
                                      momentum, self.eps, sum=s, sum_sq=ss)  # fmt: skip
 
@@ -402,6 +415,8 @@ def _conv2d_input_and_padding(conv: nn.Conv2d, input: Tensor) -> tuple:
     if conv.padding == "same":
         return _conv2d_same_padding(input, conv.weight, conv.stride, conv.dilation)
     return input, conv.padding
+
+
 # --- pooling: no parameters, so from_torch builds the same module with torchext's forward -----------------------
 
 

@@ -297,6 +297,7 @@ def swap_modules(
     conv: bool = True,
     batch_norm: bool = True,
     pooling: bool = True,
+    conv_stats: bool = True,
 ) -> SwapReport:
     """Swap ``model``'s ``nn.Linear`` (``linear=True``), ``nn.Conv2d`` (``conv=True``), ``nn.BatchNorm2d``
     (``batch_norm=True``), activation modules (``activations=True``: ReLU, LeakyReLU, Sigmoid, Tanh, GELU, SiLU,
@@ -306,7 +307,10 @@ def swap_modules(
     ``activations``, BatchNorm + ReLU and BatchNorm + residual add + ReLU found by torch.fx become one fused
     BatchNorm, and a tensor that feeds several torchext modules (a residual block's input) is forked so that its
     gradients are summed by torchext's add (torchext/fusion.py; ``report.model`` is then a ``torch.fx.GraphModule``
-    holding the same modules and parameters). Returns a ``SwapReport``; ``report.model`` is the swapped model: use it.
+    holding the same modules and parameters). With ``conv_stats`` too, each torchext Conv2d that feeds only a torchext
+    BatchNorm hands it its output's per-channel sums from the epilogue, and the BatchNorm skips its statistics pass
+    (``conv_stats=False``: each BatchNorm computes its own). Returns a ``SwapReport``; ``report.model`` is the swapped
+    model: use it.
 
     Swap before wrapping the model in ``torch.compile`` or DistributedDataParallel.
     """
@@ -434,7 +438,7 @@ def swap_modules(
     if fuse and batch_norm and activations:
         from .fusion import fuse_batch_norm
 
-        report.model = fuse_batch_norm(model, report)
+        report.model = fuse_batch_norm(model, report, conv_stats=conv_stats)
         for i, r in enumerate(report.replaced):
             if r.name in report.fused_bn:
                 report.replaced[i] = r._replace(new=class_name(report.fused_bn[r.name][1]))
