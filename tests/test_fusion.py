@@ -398,6 +398,29 @@ def test_conv_stats_off_and_hooks_registered_after_the_swap():
     _close(fused(x), stock(x), 1e-6, "training output, hooks changing the BatchNorms' inputs")
 
 
+def test_model_holding_a_fused_conv_bn_relu_is_traced_without_side_effects():
+    """torchext.nn.Conv2dBatchNormReLU (a Sequential with its own forward) is a leaf for the tracer: swapping a model
+    that holds one neither runs its BatchNorm's bookkeeping (num_batches_tracked) nor fails to trace."""
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = tnn.Conv2dBatchNormReLU(3, 8, 3, padding=1)
+            self.bn, self.relu = nn.BatchNorm2d(8), nn.ReLU()
+
+        def forward(self, x):
+            return self.relu(self.bn(self.block(x)))
+
+    torch.manual_seed(0)
+    model = Model().double()
+    stock = copy.deepcopy(model)
+    report = torchext.swap_modules(model)
+    assert model.block.bn.num_batches_tracked.item() == 0
+    assert "traced with torch.fx" in report.graph_note and len(report.graph_fused) == 1, str(report)
+    x = torch.randn(2, 3, 5, 7, dtype=torch.float64)
+    torch.testing.assert_close(report.model(x), stock(x))
+
+
 def test_conv_stats_guarded_and_hooks_leave_a_pair_alone():
     """The GraphModule refuses to have a Conv2dStats, or a plain BatchNorm taking its sums, replaced; the model
     swapped module by module keeps its own plain Conv2d; a hook on a convolution leaves its pair alone."""

@@ -103,10 +103,12 @@ _ADD_FUNCTIONS = (operator.add, operator.iadd, torch.add)
 
 
 class _Tracer(fx.Tracer):
-    """torch.fx's default tracer, with torchext.nn's modules as leaves too (they subclass torch.nn's)."""
+    """torch.fx's default tracer, with torchext.nn's modules as leaves too (they subclass torch.nn's; the fused
+    Conv2dBatchNormReLU, a Sequential with its own forward, included: tracing into it would run its BatchNorm's
+    bookkeeping, num_batches_tracked, on the real module)."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if type(m).__module__ == tnn.__name__ and not isinstance(m, nn.Sequential):
+        if type(m).__module__ == tnn.__name__:
             return True
         return super().is_leaf_module(m, module_qualified_name)
 
