@@ -310,7 +310,8 @@ class Stamped:
                 gc.enable()
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Waits for the device's queue (CUDA); nothing on the CPU."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -338,11 +339,11 @@ def timeline_run(kind: str, c, bare, premade, loader, epoch: int, steps: int, cf
             _train_batch(c, xb, yb, cfg, device, dist, loss_sum)
 
     stamped = Stamped(source, steps, device, gc_off)
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     for xb, yb in stamped:
         body(xb, yb)
-    _sync(device)
+    sync(device)
     return stamped, time.perf_counter() - t0
 
 

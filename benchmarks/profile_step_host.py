@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_loop import PREMADE_BATCHES, contenders_of, premade_batches, recipe, synthetic_images  # noqa: E402
+from bench_loop import PREMADE_BATCHES, contenders_of, premade_batches, recipe, sync, synthetic_images  # noqa: E402
 from common import CsvWriter, environment  # noqa: E402
 
 from torchext import fusion  # noqa: E402
@@ -39,27 +39,22 @@ from torchext.compare.train import _train_batch  # noqa: E402
 LAUNCH = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def profile(fn, steps: int, device: torch.device):
     """(host us per step unprofiled: (median, p20, p80), launches per step, [(name, calls per step, self us per
     step)])."""
     host = []
     for _ in range(steps):
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         fn()
         host.append((time.perf_counter() - t0) * 1e6)
-    _sync(device)
+    sync(device)
     host.sort()
     acts = [torch.profiler.ProfilerActivity.CPU]
     with torch.profiler.profile(activities=acts) as prof:
         for _ in range(steps):
             fn()
-        _sync(device)
+        sync(device)
     events = prof.key_averages()
     launches = sum(e.count for e in events if e.key in LAUNCH) / steps
     ops = sorted(((e.key, e.count / steps, e.self_cpu_time_total / steps) for e in events), key=lambda r: -r[2])
@@ -71,7 +66,7 @@ def synchronizing_calls(fn, device: torch.device) -> list[str]:
     copies, nonzero and the like. Calls made inside a kernel wrapper's own C++ are not seen."""
     if device.type != "cuda":
         return []
-    _sync(device)
+    sync(device)
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -134,7 +129,7 @@ def main(argv=None):
                 prof.enable()
                 for _ in range(args.steps):
                     fn()
-                _sync(device)
+                sync(device)
                 prof.disable()
                 text = io.StringIO()
                 pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)

@@ -358,8 +358,7 @@ def fuse_batch_norm(model: nn.Module, report, conv_stats: bool = True) -> nn.Mod
     (``report.graph_not_fused``) and how the model was handled (``report.graph_note``) in ``report`` (a
     ``SwapReport``). Returns the model to use: a GraphModule when something was fused or forked, else ``model``
     itself."""
-    bn_classes = _BN_CLASSES
-    if not any(type(m) in bn_classes for m in model.modules()):
+    if not any(type(m) in _BN_CLASSES for m in model.modules()):
         return model
     if _has_hooks(model):
         report.graph_note = "the model carries hooks of its own, which torch.fx would drop: BatchNorm fusions skipped"
@@ -382,7 +381,7 @@ def fuse_batch_norm(model: nn.Module, report, conv_stats: bool = True) -> nn.Mod
     fused_any = False
     for bn_node in list(gm.graph.nodes):
         bn = _module(gm, bn_node)
-        if type(bn) not in bn_classes or getattr(bn_node, "_erased", False):
+        if type(bn) not in _BN_CLASSES or getattr(bn_node, "_erased", False):
             continue
         user = _only_user(bn_node)
         if user is None:
