@@ -1,9 +1,10 @@
 // Argument checks, the output shape and the layout rule shared by the CPU and CUDA backends of torchext::conv2d,
 // conv2d_stats and conv2d_backward.
 //
-// Layout rule (obeyed by both backends and the fake kernels in torchext/ops/conv2d.py): the output, and each
-// gradient, is channels-last when `input` suggests channels-last (input.suggest_memory_format(), as torch's
-// convolutions decide), otherwise contiguous (NCHW). grad_weight is contiguous when weight is, channels-last when
+// Layout rule (obeyed by both backends and the fake kernels in torchext/ops/conv2d.py): the output and grad_input
+// are channels-last when `input` or `weight` suggests channels-last (suggest_memory_format(), torch's rule for its
+// convolutions: a model whose weights are channels-last runs channels-last from its first convolution on, whatever
+// its input's layout), otherwise contiguous (NCHW). grad_weight is contiguous when weight is, channels-last when
 // weight suggests it; grad_bias is contiguous.
 #pragma once
 
@@ -100,11 +101,16 @@ inline std::vector<int64_t> conv2d_out_shape(const at::Tensor& input, const at::
   return shape;
 }
 
-// The layout rule (see the top of this file): of the output and grad_input given `input`, and of grad_weight given
-// the weight.
+// The layout rule (see the top of this file): of grad_weight given the weight ...
 inline at::MemoryFormat conv2d_memory_format(const at::Tensor& t) {
   return t.suggest_memory_format() == at::MemoryFormat::ChannelsLast ? at::MemoryFormat::ChannelsLast
                                                                        : at::MemoryFormat::Contiguous;
+}
+
+// ... and of the output and grad_input given the input and the weight.
+inline at::MemoryFormat conv2d_memory_format(const at::Tensor& input, const at::Tensor& weight) {
+  return conv2d_memory_format(input) == at::MemoryFormat::ChannelsLast ? at::MemoryFormat::ChannelsLast
+                                                                        : conv2d_memory_format(weight);
 }
 
 // conv2d_backward's checks: the forward's, and grad_output shaped like the forward's output.

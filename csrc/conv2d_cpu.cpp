@@ -294,7 +294,7 @@ ForwardResult conv2d_forward(std::string_view op, const at::Tensor& input, const
   const Conv2dParams p = check_conv2d_args(op, input, weight, bias, stride, padding, dilation, groups);
   check_cpu_variant(op, variant);
   const Conv2dShape sh = conv2d_shape(input, weight, p);
-  const at::MemoryFormat fmt = conv2d_memory_format(input);
+  const at::MemoryFormat fmt = conv2d_memory_format(input, weight);
   at::Tensor out = at::empty(conv2d_out_shape(input, weight, p), input.options().memory_format(fmt));
   const bool nhwc = fmt == at::MemoryFormat::ChannelsLast;
   const at::Tensor w = weight.contiguous();
@@ -424,7 +424,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv2d_backward_cpu(const at::Ten
   if (!(output_mask[0] || output_mask[1] || output_mask[2])) return {grad_input, grad_weight, grad_bias};
   // grad_output in NHWC: rows (n, p, q) of K values, whatever layout it came in.
   const at::Tensor dy = grad_output.contiguous(at::MemoryFormat::ChannelsLast);
-  if (output_mask[0]) grad_input = at::empty(input.sizes(), opts.memory_format(conv2d_memory_format(input)));
+  if (output_mask[0]) grad_input = at::empty(input.sizes(), opts.memory_format(conv2d_memory_format(input, weight)));
   at::Tensor gw;
   if (output_mask[1]) {
     const at::MemoryFormat wfmt = conv2d_memory_format(weight);  // csrc/conv2d.h's rule, for grad_weight

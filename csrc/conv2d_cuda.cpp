@@ -235,7 +235,7 @@ at::Tensor conv2d_forward(std::string_view op, const at::Tensor& input, const at
   c10::cuda::CUDAGuard guard(input.device());
   const cuda_ops::Conv2dShape shape = conv2d_shape(input, weight, params);
   at::Tensor y = at::empty(conv2d_out_shape(input, weight, params),
-                           input.options().memory_format(conv2d_memory_format(input)));
+                           input.options().memory_format(conv2d_memory_format(input, weight)));
   const at::Tensor bias = bias_in.has_value() ? bias_in->contiguous() : at::Tensor();
   if (y.numel() == 0 || shape.c == 0) {
     // Nothing to reduce over: y = act(bias or 0), no kernel.
@@ -291,10 +291,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv2d_backward_cuda(const at::Te
   c10::cuda::CUDAGuard guard(input.device());
   const cuda_ops::Conv2dShape shape = conv2d_shape(input, weight, params);
   const at::TensorOptions opts = grad_output.options();
-  at::Tensor grad_input = at::empty({0}, opts), grad_weight = at::empty({0}, opts), grad_bias = at::empty({0}, opts);
+  // A result left out is an empty tensor of its own (the fake kernel's); allocated only then: one allocation less
+  // per wanted result on the host's path of every training step.
+  auto left_out = [&](bool wanted) { return wanted ? at::Tensor() : at::empty({0}, opts); };
+  at::Tensor grad_input = left_out(output_mask[0]), grad_weight = left_out(output_mask[1]),
+             grad_bias = left_out(output_mask[2]);
 
   if (output_mask[0]) {
-    grad_input = at::empty(input.sizes(), opts.memory_format(conv2d_memory_format(input)));
+    grad_input = at::empty(input.sizes(), opts.memory_format(conv2d_memory_format(input, weight)));
     if (grad_input.numel() > 0 && shape.k == 0) {
       grad_input.zero_();
     } else if (grad_input.numel() > 0) {

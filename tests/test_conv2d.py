@@ -51,10 +51,11 @@ def reference(x, w, b, activation=None, **opts):
     return out.relu() if activation == "relu" else out
 
 
-def expected_strides(x, out_shape):
-    """csrc/conv2d.h's rule: channels-last output iff the input suggests channels-last."""
+def expected_strides(x, w, out_shape):
+    """csrc/conv2d.h's rule (torch's): channels-last output iff the input or the weight suggests channels-last."""
     channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-    fmt = torch.channels_last if channels_last or _suggests_channels_last(x) else torch.contiguous_format
+    channels_last = channels_last or _suggests_channels_last(x) or _suggests_channels_last(w)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
     return torch.empty(out_shape, memory_format=fmt).stride()
 
 
@@ -99,16 +100,17 @@ def test_conv2d_every_layout(x_layout):
         x, w, b = (t.requires_grad_() for t in (x, w, b))
         out = tf.conv2d(x, w, b, **opts)
         what = f"input {x_layout}, weight {w_layout}"
-        assert out.stride() == expected_strides(x, out.shape), f"[{what}: output strides] {out.stride()}"
+        assert out.stride() == expected_strides(x, w, out.shape), f"[{what}: output strides] {out.stride()}"
         ref_inputs = [t.detach().clone().requires_grad_() for t in (x, w, b)]
         ref = F.conv2d(*ref_inputs, **opts)
         torch.testing.assert_close(out, ref, msg=lambda m, what=what: f"[{what}: output] {m}")
+        assert out.stride() == ref.stride(), f"[{what}: output strides {out.stride()}, torch's {ref.stride()}]"
         g = make_tensor(out.shape, torch.float64, "cpu", "transposed")
         grads = torch.autograd.grad(out, (x, w, b), g)
         ref_grads = torch.autograd.grad(ref, ref_inputs, g)
         for name, ours, theirs in zip(("input", "weight", "bias"), grads, ref_grads, strict=True):
             torch.testing.assert_close(ours, theirs, msg=lambda m, n=name, what=what: f"[{what}: {n}.grad] {m}")
-        assert grads[0].stride() == expected_strides(x, x.shape), f"[{what}: grad_input strides] {grads[0].stride()}"
+        assert grads[0].stride() == expected_strides(x, w, x.shape), f"[{what}: grad_input strides] {grads[0].stride()}"
         w_fmt = torch.channels_last if _suggests_channels_last(w) else torch.contiguous_format
         assert grads[1].stride() == torch.empty(w.shape, memory_format=w_fmt).stride(), f"[{what}: grad_weight]"
 
@@ -350,7 +352,7 @@ def test_conv2d_cuda_variants(case, variant, dtype, x_layout, monkeypatch):
     x, w, b = (t.requires_grad_() for t in (x, w, b))
     poison_allocator("cuda", torch.empty(reference(x, w, b, **opts).shape, dtype=dtype, device="cuda"))
     out = run_variant(variant, x, w, b, activation="relu", **opts)
-    assert out.stride() == expected_strides(x, out.shape), f"[{variant} output strides]"
+    assert out.stride() == expected_strides(x, w, out.shape), f"[{variant} output strides]"
     x64, w64, b64 = (t.detach().cpu().double().requires_grad_() for t in (x, w, b))
     ref = F.conv2d(x64, w64, b64, **opts).relu()
     theirs = F.conv2d(x, w, b, **opts).relu()

@@ -126,12 +126,18 @@ def _expected_strides(shape, fmt):
     return torch.empty(shape, memory_format=fmt).stride()
 
 
-def _rule_format(t):
+def _rule_format(t, weight=None):
     """csrc/conv2d.h's layout rule: channels-last where the tensor suggests it (a 1x1 weight or a 1x1 image is
-    ambiguous and suggests contiguous), else contiguous."""
-    from torchext.ops.conv2d import _memory_format
+    ambiguous and suggests contiguous), else contiguous; the output's and grad_input's: where the input or the weight
+    suggests it."""
+    from torch._prims_common import suggest_memory_format
 
-    return _memory_format(t)
+    def fmt(u):
+        return torch.channels_last if suggest_memory_format(u) == torch.channels_last else torch.contiguous_format
+
+    if weight is not None and fmt(weight) == torch.channels_last:
+        return torch.channels_last
+    return fmt(t)
 
 
 def _check_shape(shape, variant, dtype, layout, act):
@@ -139,7 +145,7 @@ def _check_shape(shape, variant, dtype, layout, act):
     st, pad, dil, groups = _pair(conv["stride"]), _pair(conv["padding"]), _pair(conv["dilation"]), conv["groups"]
     op = torch.ops.torchext
     tag = f"{variant}-{_name(dtype)}-{layout}-{shape}"
-    fmt = _rule_format(x)
+    fmt = _rule_format(x, w)
 
     # float64 references and torch's own result in this dtype.
     # The references see the same rounded inputs as ours; the backward is the convolution's alone (no relu).

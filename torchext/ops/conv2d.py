@@ -10,9 +10,10 @@ or 'cpu' for CPU tensors; None picks the fastest that supports the arguments. pa
 conv2d_stats(...) returns (out, sum, sum_sq): the output and its per-output-channel sum and sum of squares over N,
 H and W (float32 for float16 / bfloat16 / float32 inputs, float64 for float64), what batch norm's statistics need.
 
-Layout rule (csrc/conv2d.h, docs/compile.md): the output and grad_input are channels-last when input suggests
-channels-last (``suggest_memory_format``), else contiguous; grad_weight is channels-last when weight suggests it,
-else contiguous; grad_bias and the statistics are contiguous. The kernels read any input layout through its strides.
+Layout rule (csrc/conv2d.h, docs/compile.md): the output and grad_input are channels-last when input or weight
+suggests channels-last (``suggest_memory_format``; torch's rule), else contiguous; grad_weight is channels-last when
+weight suggests it, else contiguous; grad_bias and the statistics are contiguous. The kernels read any input layout
+through its strides.
 
 Autocast: under CUDA autocast, input, weight and bias are cast to the autocast dtype (float16 or bfloat16), as
 torch's conv2d (csrc/autograd.cpp); under CPU autocast to float32 (the CPU kernels are float32/float64;
@@ -124,6 +125,13 @@ def _memory_format(t: Tensor) -> torch.memory_format:
     return torch.channels_last if fmt == torch.channels_last else torch.contiguous_format
 
 
+def _output_format(input: Tensor, weight: Tensor) -> torch.memory_format:
+    """csrc/conv2d.h's conv2d_memory_format(input, weight): the output's and grad_input's layout, channels-last iff
+    input or weight suggests it."""
+    fmt = _memory_format(input)
+    return fmt if fmt == torch.channels_last else _memory_format(weight)
+
+
 def _out_shape(input: Tensor, weight: Tensor, stride, padding, dilation) -> tuple:
     stride, padding, dilation = (_pair(n, v) for n, v in (("stride", stride), ("padding", padding),
                                                            ("dilation", dilation)))  # fmt: skip
@@ -164,14 +172,14 @@ def _(input, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), 
       variant=None):  # fmt: skip
     _check_fake("conv2d", input, weight, bias, stride, padding, dilation, groups)
     shape = _out_shape(input, weight, stride, padding, dilation)
-    return _empty(input, shape, _memory_format(input))
+    return _empty(input, shape, _output_format(input, weight))
 
 
 @torch.library.register_fake("torchext::conv2d_stats")
 def _(input, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, variant=None):
     _check_fake("conv2d_stats", input, weight, bias, stride, padding, dilation, groups)
     shape = _out_shape(input, weight, stride, padding, dilation)
-    out = _empty(input, shape, _memory_format(input))
+    out = _empty(input, shape, _output_format(input, weight))
     stats = input.new_empty((weight.shape[0],), dtype=_stats_dtype(input.dtype))
     return out, stats, torch.empty_like(stats)
 
@@ -181,7 +189,7 @@ def _(grad_output, input, weight, stride, padding, dilation, groups, output_mask
     _check_fake("conv2d_backward", input, weight, None, stride, padding, dilation, groups)
     # A result left out is a fresh empty tensor of its own (the real kernel's do not alias one another).
     grad_input = _empty(grad_output, input.shape if output_mask[0] else (0,),
-                        _memory_format(input) if output_mask[0] else torch.contiguous_format)  # fmt: skip
+                        _output_format(input, weight) if output_mask[0] else torch.contiguous_format)  # fmt: skip
     grad_weight = _empty(grad_output, weight.shape if output_mask[1] else (0,),
                          _memory_format(weight) if output_mask[1] else torch.contiguous_format)  # fmt: skip
     grad_bias = grad_output.new_empty((weight.shape[0],) if output_mask[2] else (0,))
