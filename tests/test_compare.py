@@ -242,7 +242,8 @@ def test_summary_names_the_torchext_layers(mlp_run):
     lines = [line for line in text.splitlines() if line.startswith("Layers running torchext's code")]
     assert lines == [
         "Layers running torchext's code in the torchext model: 2 x nn.Linear -> torchext.nn.Linear(activation='relu'),"
-        " 1 x nn.Linear -> torchext.nn.Linear (2 Linear + activation pair(s) fused into one torchext.nn.Linear each);"
+        " 1 x nn.Linear -> torchext.nn.Linear (2 Linear or Conv2d + activation pair(s) fused into one torchext layer"
+        " each);"
         " its loss is torchext.nn.CrossEntropyLoss (the swap report is at the end)."
     ], lines
     assert text.index(lines[0]) < text.index("| final val accuracy |")

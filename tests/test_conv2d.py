@@ -307,7 +307,8 @@ def test_swap_modules_small_cnn():
     weight = model[0].weight
     report = torchext.swap_modules(model)
     assert type(model[0]) is tnn.Conv2d and type(model[2]) is tnn.Conv2d and model[0].weight is weight
-    assert ("0", "nn.Conv2d", "torchext.nn.Conv2d") in report.replaced
+    assert ("0", "nn.Conv2d", "torchext.nn.Conv2d(activation='relu')") in report.replaced  # the ReLU fused
+    assert ("2", "nn.Conv2d", "torchext.nn.Conv2d") in report.replaced
     assert any(s.name == "3" and "subclass of nn.Conv2d" in s.reason for s in report.left_stock), str(report)
     torch.testing.assert_close(model(x), expected, msg="[swapped small CNN output]")
 

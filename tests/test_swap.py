@@ -87,14 +87,18 @@ def test_cnn_cifar_report():
     model = models.cnn_cifar()
     report = swap_modules(model)
     c = report.counts
-    assert [tuple(f) for f in report.fused] == [("fc1", "relu5", "relu")]
+    conv_relu = [(f"conv{i}", f"relu{i}", "relu") for i in range(1, 5)]
+    assert [tuple(f) for f in report.fused] == [*conv_relu, ("fc1", "relu5", "relu")]
     expected = {"nn.ReLU": 5, "nn.Linear": 2, "nn.Conv2d": 4, "nn.BatchNorm2d": 2, "nn.MaxPool2d": 2}
     assert c["replaced_by_class"] == expected, c
     assert c["left_stock_by_class"] == {"nn.Dropout": 3, "nn.BatchNorm1d": 1}, c
     assert all(type(getattr(model, f"conv{i}")) is tnn.Conv2d for i in range(1, 5))
+    assert all(getattr(model, f"conv{i}").activation == "relu" for i in range(1, 5))
     assert type(model.relu5) is nn.Identity and model.fc1.activation == "relu"
     assert type(model.fc2) is tnn.Linear and model.fc2.activation == "none"
-    assert all(type(getattr(model, f"relu{i}")) is tnn.ReLU for i in range(1, 5))
+    assert all(type(getattr(model, f"relu{i}")) is nn.Identity for i in range(1, 5))
+    assert report.channels_last == [] and c["channels_last"] == 0, "channels_last is off by default"
+    assert all(getattr(model, f"conv{i}").weight.is_contiguous() for i in range(1, 5))
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn_cifar", "resnet18_cifar"])
@@ -190,7 +194,9 @@ def test_swapped_model_runs_torchext_ops():
     stock, swapped, _ = _stock_and_swapped(models.cnn_cifar, dtype=torch.float32)
     x = torch.randn(2, 3, 32, 32)
     ours, theirs = _op_names(swapped, x), _op_names(stock, x)
-    assert {"torchext::relu", "torchext::linear", "torchext::relu_backward", "torchext::linear_backward"} <= ours
+    # Every ReLU is fused into the Conv2d or Linear before it (the convolution's relu backward is torchext's too).
+    assert {"torchext::conv2d", "torchext::conv2d_backward", "torchext::linear", "torchext::linear_backward"} <= ours
+    assert "torchext::relu_backward" in ours
     assert not any(n.startswith("torchext::") for n in theirs), "the stock model must not run torchext ops"
     for op in ("aten::relu", "aten::linear"):
         assert op in theirs and op not in ours, f"[{op}] the swapped model still runs the stock op"
@@ -314,6 +320,62 @@ def test_fusion_epilogues_match_stock(act, epilogue):
     assert fused[0].activation == epilogue and type(fused[1]) is nn.Identity
     x = torch.randn(4, 9, dtype=F64)
     _close(fused(x), stock(x), f"Linear+{epilogue}")
+
+
+def test_conv_relu_fused_in_a_sequential_matches_stock():
+    """A Conv2d followed by a ReLU in a Sequential becomes one Conv2d(activation='relu'): forward and both gradients
+    as stock's; a Conv2d followed by another activation, or with conv=False, is not fused."""
+    stock = nn.Sequential(nn.Conv2d(3, 5, 3, padding=1), nn.ReLU(), nn.Conv2d(5, 4, 1), nn.GELU()).to(F64)
+    report = swap_modules(stock, inplace=False)
+    fused = report.model
+    assert [tuple(f) for f in report.fused] == [("0", "1", "relu")], "Conv2d + GELU has no epilogue: not fused"
+    assert type(fused[0]) is tnn.Conv2d and fused[0].activation == "relu" and type(fused[1]) is nn.Identity
+    assert fused[2].activation == "none" and type(fused[3]) is tnn.GELU
+    assert ("0", "nn.Conv2d", "torchext.nn.Conv2d(activation='relu')") in report.replaced
+    x = torch.randn(2, 3, 6, 7, dtype=F64, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    y, y_ref = fused(x), stock(x_ref)
+    _close(y, y_ref, "Conv2d+ReLU output")
+    g = torch.randn_like(y)
+    ours = torch.autograd.grad(y, (x, fused[0].weight, fused[0].bias), g)
+    theirs = torch.autograd.grad(y_ref, (x_ref, stock[0].weight, stock[0].bias), g)
+    for name, a, b in zip(("input", "weight", "bias"), ours, theirs, strict=True):
+        _close(a, b, f"Conv2d+ReLU grad {name}")
+
+    model = nn.Sequential(nn.Conv2d(3, 5, 3), nn.ReLU())
+    report = swap_modules(model, conv=False)
+    assert report.fused == [] and type(model[0]) is nn.Conv2d and type(model[1]) is tnn.ReLU
+
+
+def test_channels_last_weights():
+    """channels_last=True: every torchext Conv2d's weight (and its gradient) channels-last, listed in the report;
+    an NCHW input then gives channels-last activations from the first convolution on (torch's layout rule, which
+    torchext's convolutions follow), with the same values and the same state_dict."""
+    stock = models.cnn_cifar().to(F64)
+    report = swap_modules(stock, inplace=False, channels_last=True)
+    ours = report.model
+    assert report.channels_last == ["conv1", "conv2", "conv3", "conv4"] and report.counts["channels_last"] == 4
+    assert "4 Conv2d weight(s) made channels-last" in str(report).splitlines()[0]
+    assert report.as_dict()["channels_last"] == report.channels_last
+    for i in range(1, 5):
+        w = getattr(ours, f"conv{i}").weight
+        assert isinstance(w, nn.Parameter) and w.is_contiguous(memory_format=torch.channels_last)
+    _assert_same_state(stock, ours, "channels_last=True")
+    ours.eval(), stock.eval()
+    x = torch.randn(3, 3, 32, 32, dtype=F64)
+    conv1 = ours.conv1(x)
+    assert conv1.is_contiguous(memory_format=torch.channels_last) and not conv1.is_contiguous()
+    assert conv1.stride() == F.conv2d(x, ours.conv1.weight, ours.conv1.bias, padding=1).stride(), "torch's rule"
+    _close(ours(x), stock(x), "channels-last cnn_cifar output")
+    # In eval mode: dropout draws its mask in memory order, so a channels-last activation gets a different mask.
+    ours(x).sum().backward()
+    stock(x).sum().backward()
+    for i in range(1, 5):
+        ga, gb = getattr(ours, f"conv{i}").weight.grad, getattr(stock, f"conv{i}").weight.grad
+        assert ga.is_contiguous(memory_format=torch.channels_last), f"conv{i}: the gradient keeps the weight's layout"
+        _close(ga, gb, f"conv{i} weight grad")
+    again = swap_modules(ours, channels_last=True)
+    assert again.channels_last == [], "weights already channels-last are not listed again"
 
 
 def test_no_fusion_outside_sequential():
@@ -511,16 +573,17 @@ def test_report_text_and_dict():
     report = swap_modules(models.cnn_cifar())
     text = str(report)
     lines = text.splitlines()
-    assert lines[0].startswith("swap_modules: 15 replaced, 1 Linear+activation pair(s) fused, 4 left stock")
+    assert lines[0].startswith("swap_modules: 15 replaced, 5 layer+activation pair(s) fused, 4 left stock")
     assert any(line.split() == ["fc1", "nn.Linear", "torchext.nn.Linear(activation='relu')"] for line in lines)
     assert any(line.split() == ["relu5", "nn.ReLU", "nn.Identity"] for line in lines)
-    assert any(line.split() == ["conv1", "nn.Conv2d", "torchext.nn.Conv2d"] for line in lines)
+    assert any(line.split() == ["conv1", "nn.Conv2d", "torchext.nn.Conv2d(activation='relu')"] for line in lines)
     assert any(line.split() == ["bn1", "nn.BatchNorm2d", "torchext.nn.BatchNorm2d"] for line in lines)
     assert any(line.split()[:2] == ["bn3", "nn.BatchNorm1d"] and NO_KERNEL in line for line in lines)
     d = json.loads(json.dumps(report.as_dict()))
     assert d["counts"]["replaced"] == 15 and d["counts"]["left_stock"] == 4
-    assert d["fused"] == [{"linear": "fc1", "activation": "relu5", "epilogue": "relu"}]
-    assert d["replaced"][0] == {"name": "conv1", "old": "nn.Conv2d", "new": "torchext.nn.Conv2d"}
+    conv_relu = [{"layer": f"conv{i}", "activation": f"relu{i}", "epilogue": "relu"} for i in range(1, 5)]
+    assert d["fused"] == [*conv_relu, {"layer": "fc1", "activation": "relu5", "epilogue": "relu"}]
+    assert d["replaced"][0] == {"name": "conv1", "old": "nn.Conv2d", "new": "torchext.nn.Conv2d(activation='relu')"}
     assert "replaced=15" in repr(report)
 
 

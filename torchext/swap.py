@@ -8,17 +8,24 @@ are kept, so an optimizer built before the swap still holds the model's paramete
 copy instead and leaves the argument untouched.
 
 With ``fuse=True``, a Linear directly followed by a ReLU, GELU or SiLU inside an ``nn.Sequential`` becomes one
-``torchext.nn.Linear(activation=...)`` (one kernel: matmul, bias and activation) and the activation's slot becomes
-an ``nn.Identity``; activations hold no parameters, so the state_dict keys do not change. Fusion is skipped where
-it could change what some other code sees: when either module is registered more than once in the model, carries
+``torchext.nn.Linear(activation=...)`` (one kernel: matmul, bias and activation), and a Conv2d directly followed by a
+ReLU one ``torchext.nn.Conv2d(activation='relu')`` (the ReLU in the convolution's epilogue); the activation's slot
+becomes an ``nn.Identity``; activations hold no parameters, so the state_dict keys do not change. Fusion is skipped
+where it could change what some other code sees: when either module is registered more than once in the model, carries
 hooks, or the Sequential is a subclass with its own ``forward``. Code that walks a Sequential's layers itself
 (``for layer in seq: ...`` keeping the intermediate outputs) would see the Linear's output already activated: use
 ``fuse=False`` for such models.
 
+With ``channels_last=True`` each torchext Conv2d's weight is made channels-last (as ``module.to(memory_format=
+torch.channels_last)`` does; torchext's convolutions run NHWC). Under the layout rule of torch's convolutions, which
+torchext's follow, a convolution's output is channels-last when its input or its weight is, so a model that takes
+NCHW input then runs channels-last from its first convolution on instead of converting every activation to NHWC and
+back inside each convolution; the values are the same. Code in the model that calls ``.view`` on an activation may
+need ``.reshape`` then.
+
 Only exact classes are swapped: a user subclass of ``nn.ReLU`` (or ``nn.Linear``, ``nn.Conv2d``) may have its own
 ``forward``, so it is left stock and named in the report. The report (``SwapReport``) lists what was replaced, what
 was fused, what was left stock and why, and what was torchext's already; swapping a swapped model is a no-op.
-A Conv2d is not fused with a following ReLU here (``torchext.nn.Conv2d(activation='relu')`` does that by hand).
 
 With ``pooling=True`` (the default) every ``nn.MaxPool2d``, ``nn.AvgPool2d`` and ``nn.AdaptiveAvgPool2d`` is
 swapped too; one whose arguments torchext's kernels refuse (padding over half the kernel, a zero stride or
@@ -139,15 +146,25 @@ class Replaced(NamedTuple):
 
 
 class Fused(NamedTuple):
-    linear: str
+    layer: str  # the Linear or Conv2d
     activation: str
-    epilogue: str  # the Linear's activation argument: relu, gelu, gelu_tanh or silu
+    epilogue: str  # the layer's activation argument: relu, gelu, gelu_tanh or silu (a Conv2d: relu)
+
+    @property
+    def linear(self) -> str:
+        """The layer's name (the field's name before Conv2d + ReLU pairs were fused too)."""
+        return self.layer
 
 
 class NotFused(NamedTuple):
-    linear: str
+    layer: str
     activation: str
     reason: str
+
+    @property
+    def linear(self) -> str:
+        """The layer's name (the field's name before Conv2d + ReLU pairs were fused too)."""
+        return self.layer
 
 
 class LeftStock(NamedTuple):
@@ -165,9 +182,10 @@ class SwapReport:
     """What ``swap_modules`` did. Module names are qualified (``layer1.0.relu1``; the model itself is ``''``).
 
     ``replaced``: (name, old class, new class) for each module swapped (a fused activation's new class is
-    ``nn.Identity``); ``fused``: (linear, activation, epilogue) pairs; ``not_fused``: (linear, activation, reason)
-    for a Linear followed by a fusable activation in a Sequential that was not fused; ``left_stock``: (name,
-    class, reason) for modules that still run stock code; ``already_torchext``: (name, class); ``model``: the
+    ``nn.Identity``); ``fused``: (layer, activation, epilogue) pairs; ``not_fused``: (layer, activation, reason)
+    for a Linear or Conv2d followed by a fusable activation in a Sequential that was not fused; ``left_stock``:
+    (name, class, reason) for modules that still run stock code; ``already_torchext``: (name, class);
+    ``channels_last``: the Conv2d layers whose weight ``channels_last=True`` made channels-last; ``model``: the
     swapped model (the argument itself, or its copy with ``inplace=False``).
     """
 
@@ -178,6 +196,7 @@ class SwapReport:
         self.not_fused: list[NotFused] = []
         self.left_stock: list[LeftStock] = []
         self.already_torchext: list[AlreadyTorchext] = []
+        self.channels_last: list[str] = []
         # The torch.fx rewrites (torchext/fusion.py): what became one fused BatchNorm, the convolutions that give the
         # BatchNorm after them its statistics, the tensors forked so that
         # their gradients meet in torchext's add, what was left and why, how the model was handled (traced, or not
@@ -192,14 +211,15 @@ class SwapReport:
     @property
     def counts(self) -> dict[str, object]:
         """Totals, and per class: {'replaced', 'fused', 'not_fused', 'left_stock', 'already_torchext',
-        'graph_fused' (BatchNorm fusions), 'graph_conv_stats', 'graph_forks', 'replaced_by_class' (old class -> n),
-        'left_stock_by_class' (class -> n)}."""
+        'channels_last', 'graph_fused' (BatchNorm fusions), 'graph_conv_stats', 'graph_forks', 'replaced_by_class'
+        (old class -> n), 'left_stock_by_class' (class -> n)}."""
         return {
             "replaced": len(self.replaced),
             "fused": len(self.fused),
             "not_fused": len(self.not_fused),
             "left_stock": len(self.left_stock),
             "already_torchext": len(self.already_torchext),
+            "channels_last": len(self.channels_last),
             "graph_fused": len(self.graph_fused),
             "graph_conv_stats": len(self.graph_conv_stats),
             "graph_forks": len(self.graph_forks),
@@ -216,6 +236,7 @@ class SwapReport:
             "not_fused": [n._asdict() for n in self.not_fused],
             "left_stock": [s._asdict() for s in self.left_stock],
             "already_torchext": [a._asdict() for a in self.already_torchext],
+            "channels_last": list(self.channels_last),
             "graph_fused": [f._asdict() for f in self.graph_fused],
             "graph_conv_stats": [f._asdict() for f in self.graph_conv_stats],
             "graph_forks": [f._asdict() for f in self.graph_forks],
@@ -233,18 +254,19 @@ class SwapReport:
     def __str__(self) -> str:
         c = self.counts
         lines = [
-            f"swap_modules: {c['replaced']} replaced, {c['fused']} Linear+activation pair(s) fused, "
+            f"swap_modules: {c['replaced']} replaced, {c['fused']} layer+activation pair(s) fused, "
             f"{c['left_stock']} left stock, {c['already_torchext']} already torchext"
             + (f", {c['graph_fused']} BatchNorm fusion(s)" if c["graph_fused"] else "")
             + (f", {c['graph_conv_stats']} conv->BatchNorm statistics" if c["graph_conv_stats"] else "")
             + (f", {c['graph_forks']} fork(s)" if c["graph_forks"] else "")
+            + (f", {c['channels_last']} Conv2d weight(s) made channels-last" if c["channels_last"] else "")
         ]
         if self.graph_note:
             lines.append(f"graph fusions: {self.graph_note}")
         sections = [
             ("replaced", ("module", "old class", "new class"), self.replaced),
-            ("fused", ("linear", "activation", "epilogue"), self.fused),
-            ("not fused", ("linear", "activation", "reason"), self.not_fused),
+            ("fused", ("layer", "activation", "epilogue"), self.fused),
+            ("not fused", ("layer", "activation", "reason"), self.not_fused),
             ("left stock", ("module", "class", "reason"), self.left_stock),
             ("already torchext", ("module", "class"), self.already_torchext),
             ("fused by torch.fx", ("pattern", "modules", "now"), self.graph_fused),
@@ -288,6 +310,20 @@ def _is_script_module(module: nn.Module) -> bool:
         return False
 
 
+def _make_channels_last(model: nn.Module, report: SwapReport) -> None:
+    """swap_modules(channels_last=True): each torchext Conv2d's 4-D parameters (and their gradients) channels-last,
+    as ``Module.to(memory_format=torch.channels_last)`` converts them."""
+    import torch
+
+    def to_channels_last(t):
+        return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+
+    for name, module in model.named_modules():
+        if isinstance(module, tnn.Conv2d) and not module.weight.is_contiguous(memory_format=torch.channels_last):
+            module._apply(to_channels_last, recurse=False)
+            report.channels_last.append(name)
+
+
 def swap_modules(
     model: nn.Module,
     linear: bool = True,
@@ -298,6 +334,7 @@ def swap_modules(
     batch_norm: bool = True,
     pooling: bool = True,
     conv_stats: bool = True,
+    channels_last: bool = False,
 ) -> SwapReport:
     """Swap ``model``'s ``nn.Linear`` (``linear=True``), ``nn.Conv2d`` (``conv=True``), ``nn.BatchNorm2d``
     (``batch_norm=True``), activation modules (``activations=True``: ReLU, LeakyReLU, Sigmoid, Tanh, GELU, SiLU,
@@ -309,8 +346,9 @@ def swap_modules(
     gradients are summed by torchext's add (torchext/fusion.py; ``report.model`` is then a ``torch.fx.GraphModule``
     holding the same modules and parameters). With ``conv_stats`` too, each torchext Conv2d that feeds only a torchext
     BatchNorm hands it its output's per-channel sums from the epilogue, and the BatchNorm skips its statistics pass
-    (``conv_stats=False``: each BatchNorm computes its own). Returns a ``SwapReport``; ``report.model`` is the swapped
-    model: use it.
+    (``conv_stats=False``: each BatchNorm computes its own). With ``channels_last``, each torchext Conv2d's weight
+    is made channels-last (the module docstring). Returns a ``SwapReport``; ``report.model`` is the swapped model:
+    use it.
 
     Swap before wrapping the model in ``torch.compile`` or DistributedDataParallel.
     """
@@ -385,14 +423,24 @@ def swap_modules(
                 report.left_stock.append(LeftStock(name, class_name(cls), NO_KERNEL))
         return True
 
+    def fusable_layer(layer: nn.Module, epilogue: str | None) -> type | None:
+        """The torchext class that fuses ``epilogue`` into ``layer`` (a Linear or Conv2d not yet fused, swapped by
+        this call's flags), or None."""
+        if epilogue is None or getattr(layer, "activation", "none") != "none":
+            return None
+        if type(layer) in (nn.Linear, tnn.Linear) and linear:
+            return tnn.Linear
+        if type(layer) in (nn.Conv2d, tnn.Conv2d) and conv and epilogue == "relu":
+            return tnn.Conv2d
+        return None
+
     def try_fuse(seq_name: str, seq: nn.Sequential) -> None:
         children = list(seq.named_children())
         for (lin_key, lin), (act_key, act) in zip(children, children[1:], strict=False):
             epilogue = _fused_activation(act)
-            if epilogue is None or type(lin) not in (nn.Linear, tnn.Linear):
+            new_class = fusable_layer(lin, epilogue)
+            if new_class is None:
                 continue
-            if isinstance(lin, tnn.Linear) and lin.activation != "none":
-                continue  # already fused
             if id(lin) in done or id(act) in done:
                 continue
             lin_name, act_name = f"{seq_name}{lin_key}", f"{seq_name}{act_key}"
@@ -406,20 +454,20 @@ def swap_modules(
             if reason is not None:
                 report.not_fused.append(NotFused(lin_name, act_name, reason))
                 continue
-            old_linear = type(lin)
-            lin.__class__ = tnn.Linear
+            old_class = type(lin)
+            lin.__class__ = new_class
             lin.activation = epilogue
             identity = nn.Identity()
             identity.train(act.training)
             setattr(seq, act_key, identity)
             done.update((id(lin), id(act), id(identity)))
             report.fused.append(Fused(lin_name, act_name, epilogue))
-            linear_new = f"{class_name(tnn.Linear)}(activation={epilogue!r})"
-            report.replaced.append(Replaced(lin_name, class_name(old_linear), linear_new))
+            layer_new = f"{class_name(new_class)}(activation={epilogue!r})"
+            report.replaced.append(Replaced(lin_name, class_name(old_class), layer_new))
             report.replaced.append(Replaced(act_name, class_name(type(act)), class_name(nn.Identity)))
 
     def visit(prefix: str, module: nn.Module) -> None:
-        if fuse and linear and activations and _plain_sequential(module):
+        if fuse and (linear or conv) and activations and _plain_sequential(module):
             try_fuse(prefix, module)
         for key, child in list(module.named_children()):
             if child is None or id(child) in done:
@@ -435,6 +483,8 @@ def swap_modules(
     order = {name: i for i, (name, _) in enumerate(model.named_modules(remove_duplicate=False))}
     for rows in (report.replaced, report.left_stock, report.already_torchext):
         rows.sort(key=lambda r: order.get(r[0], len(order)))
+    if channels_last:
+        _make_channels_last(model, report)
     if fuse and batch_norm and activations:
         from .fusion import fuse_batch_norm
 

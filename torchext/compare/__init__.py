@@ -1,16 +1,16 @@
 """torchext-compare: train a stock PyTorch model and its torchext twin side by side on CIFAR-10 (issue 5).
 
 For each seed the stock model is built with ``torch.manual_seed(seed)``, deep-copied, and the copy is swapped to
-torchext with ``torchext.swap_modules`` (Linear and Conv2d layers, activations, and Linear+activation pairs fused
-into one ``torchext.nn.Linear(activation=...)``); its loss is ``torchext.nn.CrossEntropyLoss``, the stock one's
-``torch.nn.CrossEntropyLoss``, with the same label smoothing. Both get the same optimizer settings and schedule;
-in SGD recipes the torchext model's step runs on ``torchext.optim.SGD`` (``--no-swap-optimizer``: torch's for both). They train
-from identical weights on identical batches (one ``GPULoader`` seeded with the seed; each model's epoch e re-seeds
-the global RNG with (seed, e), so dropout draws the same masks for both), alternating per epoch: stock then
-torchext on even epochs, torchext then stock on odd ones, so that drift of the machine (clocks, temperature,
-neighbours) hits both. The loop adds little to the step itself (``benchmarks/bench_loop.py`` measures it against a
-bare loop): nothing is read back on the host per step, and the loader crops, flips and normalizes 8 batches at a
-time on the device.
+torchext with ``torchext.swap_modules`` (Linear and Conv2d layers, activations, and Linear or Conv2d + activation pairs
+fused into one torchext layer; with ``--swap-conv`` the convolutions' weights channels-last); its loss is
+``torchext.nn.CrossEntropyLoss``, the stock one's ``torch.nn.CrossEntropyLoss``, with the same label smoothing. Both get
+the same optimizer settings and schedule; in SGD recipes the torchext model's step runs on ``torchext.optim.SGD``
+(``--no-swap-optimizer``: torch's for both). They train from identical weights on identical batches (one ``GPULoader``
+seeded with the seed; each model's epoch e re-seeds the global RNG with (seed, e), so dropout draws the same masks for
+both), alternating per epoch: stock then torchext on even epochs, torchext then stock on odd ones, so that drift of the
+machine (clocks, temperature, neighbours) hits both. The loop adds little to the step itself
+(``benchmarks/bench_loop.py`` measures it against a bare loop): nothing is read back on the host per step, and the
+loader crops, flips and normalizes 8 batches at a time on the device.
 
 Per model and epoch it records the training loss (mean over the epoch's batches, summed on the device: no
 synchronization per step), validation loss and accuracy, the epoch's training time (``time.perf_counter`` between

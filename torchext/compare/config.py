@@ -397,7 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--swap-activations", action=argparse.BooleanOptionalAction, default=True, help="swap activation modules"
     )
-    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True, help="fuse Linear + activation pairs")
+    p.add_argument(
+        "--fuse", action=argparse.BooleanOptionalAction, default=True, help="fuse Linear / Conv2d + activation pairs"
+    )
     p.add_argument(
         "--swap-optimizer",
         action=argparse.BooleanOptionalAction,

@@ -275,12 +275,19 @@ def _layers_text(results: dict) -> str | None:
         for r in report.get("left_stock") or []:
             stock[r["cls"]] = stock.get(r["cls"], 0) + 1
         fused = len(report.get("fused") or [])
+        channels_last = len(report.get("channels_last") or [])
     except (KeyError, TypeError):
         return None
     parts = [f"{n} x {old} -> {new}" for (old, new), n in swapped.items()] or ["none"]
     text = f"Layers running torchext's code in the torchext model: {', '.join(parts)}"
     if fused:
-        text += f" ({fused} Linear + activation pair(s) fused into one torchext.nn.Linear each)"
+        text += f" ({fused} Linear or Conv2d + activation pair(s) fused into one torchext layer each)"
+    if channels_last:
+        text += (
+            f"; {channels_last} Conv2d weight(s) made channels-last by swap_modules(channels_last=True), so that the "
+            "torchext model's activations are channels-last from its first convolution on (stock keeps the "
+            "recipe's layout)"
+        )
     text += "; its loss is torchext.nn.CrossEntropyLoss"
     cfg = results.get("config") or {}
     if cfg.get("optimizer") == "sgd" and cfg.get("swap_optimizer", False) and not cfg.get("cuda_graphs"):
