@@ -163,6 +163,12 @@ if has compare; then
       resnet18_cifar_b512_full) compare_run "$run" 590 --model resnet18_cifar --swap-conv ;;
       cnn_cifar_full) compare_run "$run" 590 --model cnn_cifar --swap-conv ;;
       cnn_cifar_full_graphs) compare_run "$run" 590 --model cnn_cifar --swap-conv --cuda-graphs ;;
+      # The fully swapped ResNet-18 against stock under CUDA graphs (both captured) and torch.compile (both compiled,
+      # torchext's ops opaque); the compile run takes one seed by default (each seed compiles both models).
+      resnet18_cifar_b512_full_graphs) compare_run "$run" 590 --model resnet18_cifar --swap-conv --cuda-graphs ;;
+      resnet18_cifar_b512_full_compile)
+        compare_run "$run" 590 --model resnet18_cifar --swap-conv --compile --seeds "${COMPILE_SEEDS:-0}"
+        ;;
       # Peak memory on torchext's pool: one seed, a few epochs (the peaks are reached in every epoch).
       resnet18_cifar_b512_pool) compare_run "$run" 200 --model resnet18_cifar --allocator pool --seeds 0 --epochs 4 ;;
       cnn_cifar_pool) compare_run "$run" 200 --model cnn_cifar --allocator pool --seeds 0 --epochs 4 ;;
