@@ -286,7 +286,8 @@ def _layers_text(results: dict) -> str | None:
         text += (
             f"; {channels_last} Conv2d weight(s) made channels-last by swap_modules(channels_last=True), so that the "
             "torchext model's activations are channels-last from its first convolution on (stock keeps the "
-            "recipe's layout)"
+            "recipe's layout; dropout draws its mask in memory order, so on those activations the two models' "
+            "masks differ)"
         )
     text += "; its loss is torchext.nn.CrossEntropyLoss"
     cfg = results.get("config") or {}
