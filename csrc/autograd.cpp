@@ -886,10 +886,13 @@ struct Conv2dOptions {
 };
 
 // The saved input and weight: each only where the other's gradient is needed (the backward reads input for
-// grad_weight and weight for grad_input).
+// grad_weight and weight for grad_input). A placeholder input has no layout to suggest, so grad_input's layout
+// (csrc/conv2d.h's rule, from input and weight) is saved beside it.
 void save_conv2d_operands(AutogradContext* ctx, const Tensor& input, const Tensor& weight, const Tensor& out) {
   ctx->save_for_backward(
       {weight.requires_grad() ? input : placeholder(input), input.requires_grad() ? weight : placeholder(weight), out});
+  ctx->saved_data["grad_input_channels_last"] =
+      conv2d_memory_format(input, weight) == at::MemoryFormat::ChannelsLast;
 }
 
 // The gradients of input, weight and bias from grad_z (the gradient of the pre-activation).
@@ -901,6 +904,11 @@ variable_list conv2d_input_grads(AutogradContext* ctx, const Tensor& grad_z, siz
   if (!grad_z.defined() || !(mask[0] || mask[1] || mask[2])) return result;
   const auto saved = ctx->get_saved_variables();
   auto [grad_input, grad_weight, grad_bias] = Conv2dOptions::load(ctx).backward(grad_z, saved[0], saved[1], mask);
+  if (mask[0] && ctx->saved_data["grad_input_channels_last"].toBool() &&
+      !grad_input.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    // A frozen weight (the input saved as a placeholder) that does not suggest channels-last: the input did.
+    grad_input = grad_input.contiguous(at::MemoryFormat::ChannelsLast);
+  }
   if (mask[0]) result[0] = grad_input;
   if (mask[1]) result[1] = grad_weight;
   if (mask[2]) result[2] = grad_bias;

@@ -115,6 +115,20 @@ def test_conv2d_every_layout(x_layout):
         assert grads[1].stride() == torch.empty(w.shape, memory_format=w_fmt).stride(), f"[{what}: grad_weight]"
 
 
+@pytest.mark.parametrize("x_layout,w_layout", [("channels_last", "contiguous"), ("contiguous", "channels_last")])
+def test_conv2d_frozen_weight_grad_input_layout(x_layout, w_layout):
+    """With the weight frozen the autograd keeps no input (only its shape): grad_input still follows the layout rule
+    of input and weight, as torch's does, with the same values."""
+    x, w, b, opts = case_args(CASES[0], x_layout=x_layout, w_layout=w_layout)
+    x = x.requires_grad_()
+    x_ref = x.detach().clone().requires_grad_()
+    out, ref = tf.conv2d(x, w, b, **opts), F.conv2d(x_ref, w, b, **opts)
+    g = make_tensor(out.shape, torch.float64, "cpu")
+    (gx,), (gx_ref,) = torch.autograd.grad(out, (x,), g), torch.autograd.grad(ref, (x_ref,), g)
+    torch.testing.assert_close(gx, gx_ref, msg=lambda m: f"[frozen weight: grad_input] {m}")
+    assert gx.stride() == gx_ref.stride() == expected_strides(x, w, x.shape), f"[grad_input strides] {gx.stride()}"
+
+
 @pytest.mark.parametrize("shape", [(0, 3, 5, 7), (2, 0, 5, 7)], ids=["N=0", "C=0"])
 def test_conv2d_empty_input(shape):
     """An empty batch gives an empty output and zero weight and bias gradients; no input channels give act(bias)."""
@@ -369,6 +383,32 @@ def test_conv2d_cuda_variants(case, variant, dtype, x_layout, monkeypatch):
     torch_grads = torch.autograd.grad(theirs, (x, w, b), g)
     for name, o, e, t in zip(("input", "weight", "bias"), ours, expected, torch_grads, strict=True):
         assert_accurate(o, t, e, f"{variant} {dtype} {case[0]} {name}.grad", factor=4)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("x_layout,w_layout", [("contiguous", "channels_last"), ("channels_last", "contiguous")])
+def test_conv2d_cuda_mixed_layouts(x_layout, w_layout, dtype, monkeypatch):
+    """Input and weight in different layouts on CUDA (the default version): the output and grad_input are
+    channels-last, as torch's are (its rule: either operand), grad_weight keeps the weight's layout; values within
+    four times torch's own error of the float64 reference (float32 without tf32, as in test_conv2d_cuda_variants)."""
+    if dtype == torch.float32:
+        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    x, w, b, opts = case_args(CASES[0], dtype, "cuda", x_layout=x_layout, w_layout=w_layout)
+    x, w, b = (t.requires_grad_() for t in (x, w, b))
+    out = tf.conv2d(x, w, b, **opts)
+    theirs = F.conv2d(x, w, b, **opts)
+    assert out.stride() == theirs.stride() == expected_strides(x, w, out.shape), f"[output strides] {out.stride()}"
+    x64, w64, b64 = (t.detach().cpu().double().requires_grad_() for t in (x, w, b))
+    ref = F.conv2d(x64, w64, b64, **opts)
+    assert_accurate(out, theirs, ref, f"mixed layouts {x_layout}/{w_layout} {dtype} output", factor=4)
+    g = torch.randn(out.shape, dtype=dtype, device="cuda")
+    ours, torch_grads = torch.autograd.grad(out, (x, w, b), g), torch.autograd.grad(theirs, (x, w, b), g)
+    expected = torch.autograd.grad(ref, (x64, w64, b64), g.cpu().double())
+    assert ours[0].stride() == expected_strides(x, w, x.shape), f"[grad_input strides] {ours[0].stride()}"
+    assert ours[1].stride() == w.stride(), f"[grad_weight strides] {ours[1].stride()}"
+    for name, o, e, t in zip(("input", "weight", "bias"), ours, expected, torch_grads, strict=True):
+        assert_accurate(o, t, e, f"mixed layouts {x_layout}/{w_layout} {dtype} {name}.grad", factor=4)
 
 
 @gpu

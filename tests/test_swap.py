@@ -378,6 +378,22 @@ def test_channels_last_weights():
     assert again.channels_last == [], "weights already channels-last are not listed again"
 
 
+def test_channels_last_weights_of_1x1_and_depthwise_kernels():
+    """A 1x1 or depthwise kernel is contiguous in both formats: it is given channels-last strides all the same (as
+    Module.to(memory_format=...) does), so that it suggests channels-last and the output follows; a K x 1 x 1 x 1
+    kernel, which no strides make suggest channels-last, is left and not listed."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 1), nn.Conv2d(8, 8, 3, groups=8, padding=1), nn.Conv2d(8, 8, 1, groups=8))
+    model = model.to(F64)
+    ref = copy.deepcopy(model).to(memory_format=torch.channels_last)
+    report = swap_modules(model, channels_last=True)
+    assert report.channels_last == ["0", "1"]
+    for i in (0, 1):
+        assert model[i].weight.stride() == ref[i].weight.stride(), f"[{i}] {model[i].weight.stride()}"
+    x = torch.randn(2, 3, 6, 6, dtype=F64)
+    assert model[0](x).stride() == ref[0](x).stride(), "a 1x1 first layer gives a channels-last output"
+    _close(model(x), ref(x), "1x1 and depthwise, channels-last weights")
+
+
 def test_no_fusion_outside_sequential():
     class TwoAttrs(nn.Module):
         def __init__(self):

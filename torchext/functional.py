@@ -6,7 +6,7 @@ Differences from torch.nn.functional, all deliberate:
 - softmax/log_softmax over a dimension other than the last run on a transposed copy (the kernels reduce over the
   last dimension).
 - conv2d takes ``activation`` (None or 'relu', fused into the kernel) and ``kernel`` (a version of the CUDA ladder)
-  keywords; its output is channels-last only when ``input`` is (torch's also when only ``weight`` is).
+  keywords; its output is channels-last when ``input`` or ``weight`` is, as torch's (in float64 too).
 - Two functions torch.nn.functional does not have: ``add`` (torch.add for tensors of one shape, dtype and device) and
   ``fork`` (aliases of a tensor used several times, whose gradients ``add`` sums: torchext/fusion.py inserts it).
 """

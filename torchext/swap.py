@@ -314,14 +314,28 @@ def _make_channels_last(model: nn.Module, report: SwapReport) -> None:
     """swap_modules(channels_last=True): each torchext Conv2d's 4-D parameters (and their gradients) channels-last,
     as ``Module.to(memory_format=torch.channels_last)`` converts them."""
     import torch
+    from torch.nn.utils import parametrize
 
     def to_channels_last(t):
-        return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+        # Strides as at::empty(..., channels_last) gives them, also where a size of 1 makes the tensor contiguous in
+        # both formats (a 1x1 or depthwise kernel), so that it suggests channels-last, as Module.to(memory_format=...)
+        # leaves it.
+        if t.dim() != 4:
+            return t
+        return torch.empty_like(t, memory_format=torch.channels_last).copy_(t)
 
+    from .ops.conv2d import _memory_format  # csrc/conv2d.h's rule: what the weight suggests decides, not its strides
+
+    cl = torch.channels_last
     for name, module in model.named_modules():
-        if isinstance(module, tnn.Conv2d) and not module.weight.is_contiguous(memory_format=torch.channels_last):
-            module._apply(to_channels_last, recurse=False)
-            report.channels_last.append(name)
+        # A parametrized weight is computed at each call: left as it is, not listed.
+        if not isinstance(module, tnn.Conv2d) or parametrize.is_parametrized(module):
+            continue
+        weight = module.weight
+        if _memory_format(weight) == cl or _memory_format(torch.empty_like(weight, memory_format=cl)) != cl:
+            continue  # channels-last already, or a shape no layout makes suggest it (K x 1 x 1 x 1)
+        module._apply(to_channels_last, recurse=False)
+        report.channels_last.append(name)
 
 
 def swap_modules(

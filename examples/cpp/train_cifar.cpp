@@ -15,7 +15,8 @@
 // torchext::nn::Linear(..., "relu"), every ReLU a torchext::nn::ReLU, every BatchNorm2d a torchext::nn::BatchNorm2d
 // (the BatchNorm1d after the dense layer stays LibTorch's, as in Python), every MaxPool2d a torchext::nn::MaxPool2d,
 // the loss torchext::nn::CrossEntropyLoss; the convolutions stay LibTorch's (cuDNN) unless --swap-conv, as in
-// torchext-compare.
+// torchext-compare. With --swap-conv the Python side also fuses each Conv2d + ReLU and makes the convolutions'
+// weights channels-last (swap_modules(channels_last=True)); this twin keeps its ReLUs separate and its weights NCHW.
 //
 // The recipe is torchext-compare's for these models: Adam, lr 1e-3, constant, no weight decay, no label smoothing,
 // batch 128 (the last incomplete batch dropped), float32, 20 epochs; each training image randomly cropped to 32x32

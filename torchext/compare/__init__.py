@@ -7,10 +7,11 @@ fused into one torchext layer; with ``--swap-conv`` the convolutions' weights ch
 the same optimizer settings and schedule; in SGD recipes the torchext model's step runs on ``torchext.optim.SGD``
 (``--no-swap-optimizer``: torch's for both). They train from identical weights on identical batches (one ``GPULoader``
 seeded with the seed; each model's epoch e re-seeds the global RNG with (seed, e), so dropout draws the same masks for
-both), alternating per epoch: stock then torchext on even epochs, torchext then stock on odd ones, so that drift of the
-machine (clocks, temperature, neighbours) hits both. The loop adds little to the step itself
-(``benchmarks/bench_loop.py`` measures it against a bare loop): nothing is read back on the host per step, and the
-loader crops, flips and normalizes 8 batches at a time on the device.
+both, except on activations whose layout differs: with --swap-conv on an NCHW recipe torchext's are channels-last),
+alternating per epoch: stock then torchext on even epochs, torchext then stock on odd ones, so that drift of the machine
+(clocks, temperature, neighbours) hits both. The loop adds little to the step itself (``benchmarks/bench_loop.py``
+measures it against a bare loop): nothing is read back on the host per step, and the loader crops, flips and normalizes
+8 batches at a time on the device.
 
 Per model and epoch it records the training loss (mean over the epoch's batches, summed on the device: no
 synchronization per step), validation loss and accuracy, the epoch's training time (``time.perf_counter`` between

@@ -114,7 +114,8 @@ def _memory_start(device: torch.device) -> int:
 def _train_epoch(c: _Contender, loader, epoch: int, seed: int, cfg: CompareConfig, device, dist: _Dist, bars: bool):
     c.net.train()
     loader.set_epoch(epoch)
-    torch.manual_seed(_epoch_seed(seed, epoch, dist.rank))  # the same dropout masks for both models
+    # The same dropout masks for both models (where their activations share a layout: masks are drawn in memory order).
+    torch.manual_seed(_epoch_seed(seed, epoch, dist.rank))
     start_allocated = _memory_start(device)
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     steps = 0
