@@ -608,6 +608,39 @@ def test_forks_only_where_every_user_is_a_torchext_module():
     torch.testing.assert_close(report.model(x), stock(x))
 
 
+class _FusedStem(nn.Module):
+    """A Sequential's Conv2d + ReLU (fused by swap_modules, the ReLU's slot an nn.Identity) feeding a residual block's
+    convolution and its add: the convolution's output is forked as the ReLU's was."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
+        self.conv, self.bn, self.relu = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()
+
+    def forward(self, x):
+        y = self.stem(x)
+        return self.relu(self.bn(self.conv(y)) + y)
+
+
+def test_fork_after_a_fused_conv_relu():
+    torch.manual_seed(0)
+    model = _FusedStem().double()
+    stock = copy.deepcopy(model)
+    report = torchext.swap_modules(model)
+    assert [tuple(f) for f in report.fused] == [("stem.0", "stem.1", "relu")], str(report)
+    assert [f.modules for f in report.graph_forks] == ["stem.0 -> conv + bn"], str(report)
+    assert not any(n.op == "call_module" and n.target == "stem.1" for n in report.model.graph.nodes)
+    x = torch.randn(2, 3, 5, 5, dtype=torch.float64, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    out, ref = report.model(x), stock(x_ref)
+    torch.testing.assert_close(out, ref)
+    g = torch.randn_like(out)
+    ours = torch.autograd.grad(out, [x, *report.model.parameters()], g)
+    theirs = torch.autograd.grad(ref, [x_ref, *stock.parameters()], g)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 class _ViewOfWrittenBase(nn.Module):
     """v, a view (a method call's result), feeds two torchext modules, and its base is written in place in between:
     valid for stock autograd, while a fork's aliases of v would raise in backward. Not forked."""
