@@ -886,13 +886,16 @@ struct Conv2dOptions {
 };
 
 // The saved input and weight: each only where the other's gradient is needed (the backward reads input for
-// grad_weight and weight for grad_input). A placeholder input has no layout to suggest, so grad_input's layout
-// (csrc/conv2d.h's rule, from input and weight) is saved beside it.
+// grad_weight and weight for grad_input). A placeholder input has no layout to suggest: where csrc/conv2d.h's rule
+// gives grad_input channels-last from the input alone (a frozen weight that does not suggest it), a note says so.
 void save_conv2d_operands(AutogradContext* ctx, const Tensor& input, const Tensor& weight, const Tensor& out) {
+  const bool input_kept = weight.requires_grad();
   ctx->save_for_backward(
-      {weight.requires_grad() ? input : placeholder(input), input.requires_grad() ? weight : placeholder(weight), out});
-  ctx->saved_data["grad_input_channels_last"] =
-      conv2d_memory_format(input, weight) == at::MemoryFormat::ChannelsLast;
+      {input_kept ? input : placeholder(input), input.requires_grad() ? weight : placeholder(weight), out});
+  if (!input_kept && input.requires_grad() && conv2d_memory_format(input) == at::MemoryFormat::ChannelsLast &&
+      conv2d_memory_format(weight) != at::MemoryFormat::ChannelsLast) {
+    ctx->saved_data["grad_input_channels_last"] = true;
+  }
 }
 
 // The gradients of input, weight and bias from grad_z (the gradient of the pre-activation).
@@ -904,10 +907,8 @@ variable_list conv2d_input_grads(AutogradContext* ctx, const Tensor& grad_z, siz
   if (!grad_z.defined() || !(mask[0] || mask[1] || mask[2])) return result;
   const auto saved = ctx->get_saved_variables();
   auto [grad_input, grad_weight, grad_bias] = Conv2dOptions::load(ctx).backward(grad_z, saved[0], saved[1], mask);
-  if (mask[0] && ctx->saved_data["grad_input_channels_last"].toBool() &&
-      !grad_input.is_contiguous(at::MemoryFormat::ChannelsLast)) {
-    // A frozen weight (the input saved as a placeholder) that does not suggest channels-last: the input did.
-    grad_input = grad_input.contiguous(at::MemoryFormat::ChannelsLast);
+  if (mask[0] && ctx->saved_data.count("grad_input_channels_last") > 0) {
+    grad_input = grad_input.contiguous(at::MemoryFormat::ChannelsLast);  // the placeholder input suggested NCHW
   }
   if (mask[0]) result[0] = grad_input;
   if (mask[1]) result[1] = grad_weight;

@@ -373,11 +373,12 @@ def fuse_batch_norm(model: nn.Module, report, conv_stats: bool = True) -> nn.Mod
         )
         return model
     gm = _FusedGraphModule(model, graph, class_name=type(model).__name__)
-    # An nn.Identity (what swap_modules leaves where it fused an activation into the layer before it) passes its input
-    # on: dropped from the graph, so that the layer's output is seen as what its users read (a fork needs that).
+    # The nn.Identity swap_modules leaves where it fused an activation into the layer before it passes its input on:
+    # dropped from the graph, so that the layer's output is seen as what its users read (a fork needs that).
+    fused_away = {row.activation for row in report.fused}
     for node in list(gm.graph.nodes):
-        if node.op == "call_module" and type(_module(gm, node)) is nn.Identity and not _has_hooks(_module(gm, node)):
-            if len(node.args) == 1 and not node.kwargs:
+        if node.op == "call_module" and node.target in fused_away and type(_module(gm, node)) is nn.Identity:
+            if len(node.args) == 1 and not node.kwargs and not _has_hooks(_module(gm, node)):
                 node.replace_all_uses_with(node.args[0])
                 gm.graph.erase_node(node)
     calls: dict[str, int] = {}

@@ -46,9 +46,12 @@ import copy
 from collections import Counter
 from typing import NamedTuple
 
+import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from . import nn as tnn
+from .ops.conv2d import _memory_format
 from .ops.matmul import activation_name
 
 __all__ = ["swap_modules", "SwapReport", "Replaced", "Fused", "NotFused", "LeftStock", "AlreadyTorchext"]
@@ -145,15 +148,16 @@ class Replaced(NamedTuple):
     new: str
 
 
+# Fused's and NotFused's `linear`: the field's name before Conv2d + ReLU pairs were fused too.
+_LAYER_ALIAS = property(lambda row: row.layer, doc="The layer's name (the field's old name).")
+
+
 class Fused(NamedTuple):
     layer: str  # the Linear or Conv2d
     activation: str
     epilogue: str  # the layer's activation argument: relu, gelu, gelu_tanh or silu (a Conv2d: relu)
 
-    @property
-    def linear(self) -> str:
-        """The layer's name (the field's name before Conv2d + ReLU pairs were fused too)."""
-        return self.layer
+    linear = _LAYER_ALIAS
 
 
 class NotFused(NamedTuple):
@@ -161,10 +165,7 @@ class NotFused(NamedTuple):
     activation: str
     reason: str
 
-    @property
-    def linear(self) -> str:
-        """The layer's name (the field's name before Conv2d + ReLU pairs were fused too)."""
-        return self.layer
+    linear = _LAYER_ALIAS
 
 
 class LeftStock(NamedTuple):
@@ -313,8 +314,6 @@ def _is_script_module(module: nn.Module) -> bool:
 def _make_channels_last(model: nn.Module, report: SwapReport) -> None:
     """swap_modules(channels_last=True): each torchext Conv2d's 4-D parameters (and their gradients) channels-last,
     as ``Module.to(memory_format=torch.channels_last)`` converts them."""
-    import torch
-    from torch.nn.utils import parametrize
 
     def to_channels_last(t):
         # Strides as at::empty(..., channels_last) gives them, also where a size of 1 makes the tensor contiguous in
@@ -324,15 +323,15 @@ def _make_channels_last(model: nn.Module, report: SwapReport) -> None:
             return t
         return torch.empty_like(t, memory_format=torch.channels_last).copy_(t)
 
-    from .ops.conv2d import _memory_format  # csrc/conv2d.h's rule: what the weight suggests decides, not its strides
-
     cl = torch.channels_last
     for name, module in model.named_modules():
         # A parametrized weight is computed at each call: left as it is, not listed.
         if not isinstance(module, tnn.Conv2d) or parametrize.is_parametrized(module):
             continue
+        # csrc/conv2d.h's rule: what the weight suggests decides, not its strides.
         weight = module.weight
-        if _memory_format(weight) == cl or _memory_format(torch.empty_like(weight, memory_format=cl)) != cl:
+        as_channels_last = torch.empty_like(weight, device="meta", memory_format=cl)  # strides only, no storage
+        if _memory_format(weight) == cl or _memory_format(as_channels_last) != cl:
             continue  # channels-last already, or a shape no layout makes suggest it (K x 1 x 1 x 1)
         module._apply(to_channels_last, recurse=False)
         report.channels_last.append(name)

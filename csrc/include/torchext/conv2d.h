@@ -1,8 +1,8 @@
 // 2-D convolution from C++: conv2d (act(conv(input, weight) + bias), act "none" or "relu" fused into the kernel),
 // conv2d_stats (conv2d plus the per-output-channel sum and sum of squares of its output), and the module
 // torchext::nn::Conv2d. input (N, C, H, W), weight (K, C / groups, kH, kW), bias (K); stride, padding and dilation
-// take one value (both dimensions) or two. The output is channels-last when input or weight is (csrc/conv2d.h's layout rule, torch's).
-// Source: csrc/conv2d_api.cpp.
+// take one value (both dimensions) or two. The output is channels-last when input or weight is (csrc/conv2d.h's
+// layout rule, torch's). Source: csrc/conv2d_api.cpp.
 #pragma once
 
 #include <ATen/core/Tensor.h>
