@@ -135,26 +135,52 @@ __host__ __device__ __forceinline__ int64_t phase_weight_offset(const Conv2dShap
   return off;
 }
 
-// backward_input's sub-kernels, all stride phases in one launch: tap (r, s) of w belongs to phase (ph, pw) with
-// r0 = r mod stride_h = (ph + pad_h) mod stride_h (likewise s), and lands in that phase's K-major B of C rows of
-// T U K values, flipped: wp[c][t][u][k] = w[k][c][r0 + stride_h (T - 1 - t)][s0 + stride_w (U - 1 - u)]. Per tap a
-// transpose of the (K, C) slice through a 32 x 32 shared tile: the loads run along C (contiguous in the KRSC weights
-// the tensor-core rungs take), the stores along K. Block (32, 8); grid (C tiles, K tiles, taps), each dimension
-// strided where it exceeds the grid's limits.
+// Where tap (r, s) of w lands in backward_input's workspace: the offset of its (c = 0, k = 0) value and the step
+// between its consecutive c. Tap (r, s) belongs to phase (ph, pw) with r0 = r mod stride_h = (ph + pad_h) mod
+// stride_h (likewise s), and lands in that phase's K-major B of C rows of T U K values, flipped:
+// wp[c][t][u][k] = w[k][c][r0 + stride_h (T - 1 - t)][s0 + stride_w (U - 1 - u)].
 template <typename T>
-__global__ void conv2d_phase_weights_kernel(Tensor4<const T> w, Conv2dShape sh, T* wp) {
+__host__ __device__ __forceinline__ void phase_tap_place(const Conv2dShape& sh, int64_t tap, int64_t& offset,
+                                                         int64_t& c_step) {
+  const int64_t r = tap / sh.s, s = tap % sh.s;
+  const int64_t r0 = r % sh.stride_h, s0 = s % sh.stride_w;
+  const int64_t ph = ((r0 - sh.pad_h) % sh.stride_h + sh.stride_h) % sh.stride_h;
+  const int64_t pw = ((s0 - sh.pad_w) % sh.stride_w + sh.stride_w) % sh.stride_w;
+  const int64_t tr = phase_tap_count(r0, sh.r, sh.stride_h), ts = phase_tap_count(s0, sh.s, sh.stride_w);
+  const int64_t t = tr - 1 - r / sh.stride_h, u = ts - 1 - s / sh.stride_w;
+  offset = phase_weight_offset<T>(sh, ph, pw) + (t * ts + u) * sh.k;
+  c_step = tr * ts * sh.k;
+}
+
+// phase_tap_place for every tap, computed on the host and passed by value (kernels of up to 8 x 8 taps): the
+// per-tap arithmetic (64-bit divisions, and a loop over the phases for the offset) is then not repeated by every
+// block. With it in every block the kernel took 33 us for a 512 -> 512 3x3 weight on an H200, SMs busy and memory
+// idle (Nsight Compute, 2026-11-28; benchmarks/results/ncu_conv2d_dgrad_h200.txt), as long as half the GEMM after it.
+constexpr int kPhaseTableTaps = 64;
+struct PhaseTapTable {
+  int64_t offset[kPhaseTableTaps];  // phase_tap_place
+  int64_t c_step[kPhaseTableTaps];
+  int64_t src[kPhaseTableTaps];  // the tap's (k = 0, c = 0) value in w: r sh + s sw
+};
+
+// backward_input's sub-kernels, all stride phases in one launch: per tap a transpose of w's (K, C) slice into its
+// place (phase_tap_place) through a 32 x 32 shared tile: the loads run along C (contiguous in the KRSC weights the
+// tensor-core rungs take), the stores along K. Block (32, 8); grid (C tiles, K tiles, taps), each dimension strided
+// where it exceeds the grid's limits. kTable: the places from `table` (R S <= kPhaseTableTaps), else computed here.
+template <typename T, bool kTable>
+__global__ void conv2d_phase_weights_kernel(Tensor4<const T> w, Conv2dShape sh, T* wp, PhaseTapTable table) {
   __shared__ T tile[32][33];
   const int tx = threadIdx.x, ty = threadIdx.y;
   for (int64_t tap = blockIdx.z; tap < sh.r * sh.s; tap += gridDim.z) {
-    const int64_t r = tap / sh.s, s = tap % sh.s;
-    const int64_t r0 = r % sh.stride_h, s0 = s % sh.stride_w;
-    const int64_t ph = ((r0 - sh.pad_h) % sh.stride_h + sh.stride_h) % sh.stride_h;
-    const int64_t pw = ((s0 - sh.pad_w) % sh.stride_w + sh.stride_w) % sh.stride_w;
-    const int64_t tr = phase_tap_count(r0, sh.r, sh.stride_h), ts = phase_tap_count(s0, sh.s, sh.stride_w);
-    const int64_t t = tr - 1 - r / sh.stride_h, u = ts - 1 - s / sh.stride_w;
-    T* const dst = wp + phase_weight_offset<T>(sh, ph, pw) + (t * ts + u) * sh.k;  // + c T U K + k
-    const int64_t c_step = tr * ts * sh.k;
-    const T* const src = w.data + r * w.sh + s * w.sw;  // + k sn + c sc
+    int64_t offset, c_step, src_offset;
+    if constexpr (kTable) {
+      offset = table.offset[tap], c_step = table.c_step[tap], src_offset = table.src[tap];
+    } else {
+      phase_tap_place<T>(sh, tap, offset, c_step);
+      src_offset = (tap / sh.s) * w.sh + (tap % sh.s) * w.sw;
+    }
+    T* const dst = wp + offset;                // + c c_step + k
+    const T* const src = w.data + src_offset;  // + k sn + c sc
     for (int64_t k0 = blockIdx.y * int64_t{32}; k0 < sh.k; k0 += gridDim.y * int64_t{32}) {
       for (int64_t c0 = blockIdx.x * int64_t{32}; c0 < sh.c; c0 += gridDim.x * int64_t{32}) {
 #pragma unroll
@@ -311,7 +337,16 @@ cudaError_t backward_input_gemm(const Conv2dArgs<T>& a, cudaStream_t stream, voi
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>((sh.c + 31) / 32, 65535)),
                     static_cast<unsigned>(std::min<int64_t>((sh.k + 31) / 32, 65535)),
                     static_cast<unsigned>(std::min<int64_t>(sh.r * sh.s, 65535)));
-    conv2d_phase_weights_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(w, sh, wp);
+    PhaseTapTable table{};
+    if (sh.r * sh.s <= kPhaseTableTaps) {
+      for (int64_t tap = 0; tap < sh.r * sh.s; ++tap) {
+        phase_tap_place<T>(sh, tap, table.offset[tap], table.c_step[tap]);
+        table.src[tap] = (tap / sh.s) * w.sh + (tap % sh.s) * w.sw;
+      }
+      conv2d_phase_weights_kernel<T, true><<<grid, dim3(32, 8), 0, stream>>>(w, sh, wp, table);
+    } else {
+      conv2d_phase_weights_kernel<T, false><<<grid, dim3(32, 8), 0, stream>>>(w, sh, wp, table);
+    }
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
