@@ -13,7 +13,8 @@ What is measured (op, provider, mode, shape, dtype as in the CSV):
   provider    'cudnn' (torch.nn.functional.conv2d and aten.convolution_backward), 'torchext' (the default choice,
               variant=None) or 'torchext-<variant>' (one rung of the ladder, --variants)
   mode        fwd (the forward), bwd_input (grad_input alone), bwd_weight (grad_weight alone), fwd+bwd (the three
-              in sequence, as one training step runs them)
+              in sequence, as one training step runs them; the stem's without grad_input, which a step does not
+              compute for the images, and the step sums leave the stem's bwd_input out for the same reason)
   metric      time (us, CUDA events, L2 flushed before every call, median of --reps), throughput (TFLOP/s =
               2 N P Q K C R S per pass / time), max_rel_err (max |out - cuDNN's| / max |cuDNN's| on the forward, a
               guard against timing a wrong kernel), unsupported (the variant raised for these arguments)
@@ -84,6 +85,9 @@ class Problem:
         p = out_size(h, r, stride, pad)
         self.gy = torch.randn(n, k, p, p, device=device, dtype=dtype).contiguous(memory_format=cl)
         self.flops = 2.0 * n * p * p * k * c * r * r
+        # The stem (3 input channels) convolves the images, which need no gradient: a training step runs its forward
+        # and weight gradient only, so its fwd+bwd leaves the input gradient out and the step's sums skip it.
+        self.input_grad = c != 3
 
     def cudnn(self, mode):
         x, w, gy, st, pd = self.x, self.w, self.gy, self.stride, self.pad
@@ -92,6 +96,7 @@ class Problem:
             mode,
             lambda: F.conv2d(x, w, None, st, pd),
             lambda mask: back(gy, x, w, None, st, pd, (1, 1), False, (0, 0), 1, mask),
+            self.input_grad,
         )
 
     def torchext(self, mode, variant):
@@ -101,6 +106,7 @@ class Problem:
             mode,
             lambda: conv(x, w, None, st, pd, [1, 1], 1, "none", variant),
             lambda mask: back(gy, x, w, st, pd, [1, 1], 1, mask, variant),
+            self.input_grad,
         )
 
 
@@ -115,8 +121,9 @@ def _runs(fn):
         return False
 
 
-def by_mode(mode, fwd, bwd):
-    """The call `mode` times, from a provider's forward fwd() and backward bwd(output_mask)."""
+def by_mode(mode, fwd, bwd, input_grad=True):
+    """The call `mode` times, from a provider's forward fwd() and backward bwd(output_mask); fwd+bwd computes the
+    input gradient where input_grad (not for the stem)."""
     if mode == "fwd":
         return fwd
     if mode == "bwd_input":
@@ -126,13 +133,13 @@ def by_mode(mode, fwd, bwd):
 
     def step():
         fwd()
-        bwd([True, True, False])
+        bwd([input_grad, True, False])
 
     return step
 
 
-def flops_of(mode, flops):
-    return flops * (3 if mode == "fwd+bwd" else 1)
+def flops_of(mode, flops, input_grad=True):
+    return flops * ((3 if input_grad else 2) if mode == "fwd+bwd" else 1)
 
 
 def main(argv=None):
@@ -191,11 +198,13 @@ def main(argv=None):
                     usable = [v for v in runnable if v is None or _runs(prob.torchext(mode, v))]
                     fns = [prob.cudnn(mode)] + [prob.torchext(mode, v) for v in usable]
                     times = time_interleaved(fns, device, warmup=3, reps=args.reps)
-                    fl = flops_of(mode, prob.flops)
+                    fl = flops_of(mode, prob.flops, prob.input_grad)
                     writer.timing("conv2d", "cudnn", mode, [shape], dname, times[0], flops=fl)
                     for v, t in zip(usable, times[1:], strict=True):
                         writer.timing("conv2d", names[v], mode, [shape], dname, t, flops=fl)
                     ops = ["conv2d_all"] + (["conv2d_3x3"] if r == 3 else [])
+                    if mode == "bwd_input" and not prob.input_grad:
+                        ops = []  # no training step computes it
                     for op in ops:
                         for prov, t in [("cudnn", times[0])] + [
                             (names[v], tt) for v, tt in zip(usable, times[1:], strict=True)
