@@ -537,3 +537,101 @@ def test_swapped_pooling_model_compiles_fullgraph(device):
     _assert_compiled_matches_stock(
         ours, stock, (make_tensor((4, 3, 9, 11), torch.float32, device, "channels_last"),), device
     )
+
+
+# The fully swapped ResNet-18 of torchext-compare --swap-conv --compile, trained a few steps in a child process: a
+# step that hangs on the GPU or compiles without end fails the test at the timeout (with the child's Python stacks,
+# from faulthandler) instead of stalling the suite. On the GPU under bf16 autocast: 64-channel and wider layers at
+# 32x32 take the implicit_tma convolutions and the fused batch norms, as the recipe's batch of 512 does. On the CPU
+# in float32 (its kernels' dtypes), a smaller batch.
+_RESNET_COMPILE_SCRIPT = """
+import contextlib, faulthandler, json, time
+import torch
+import torch.nn.functional as F
+import torchext
+from torch._dynamo.utils import counters
+
+faulthandler.dump_traceback_later({stack_after}, exit=False)
+device, batch = {device!r}, {batch}
+cl = torch.channels_last
+
+
+def make():
+    torch.manual_seed(0)
+    net = torchext.models.resnet18_cifar().to(device).to(memory_format=cl)
+    return torchext.swap_modules(net, conv=True, channels_last=True, inplace=True).model
+
+
+def amp():
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
+
+
+def sync():
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+eager, ours = make(), make()
+compiled = torch.compile(ours)
+optims = {{"eager": torchext.optim.SGD(eager.parameters(), lr=0.01, momentum=0.9),
+           "compiled": torchext.optim.SGD(ours.parameters(), lr=0.01, momentum=0.9)}}
+gen = torch.Generator(device=device).manual_seed(1)
+for step, n in enumerate([batch, batch, batch, batch * 5 // 8, batch]):  # a short batch, as an epoch's last one
+    x = torch.randn(n, 3, 32, 32, device=device, generator=gen).contiguous(memory_format=cl)
+    y = torch.randint(0, 10, (n,), device=device, generator=gen)
+    row = {{"step": step, "batch": n}}
+    for name, fn in (("eager", eager), ("compiled", compiled)):
+        t0 = time.perf_counter()
+        with amp():
+            loss = F.cross_entropy(fn(x).float(), y)
+        loss.backward()
+        optims[name].step()
+        optims[name].zero_grad(set_to_none=True)
+        sync()
+        row[name] = loss.item()
+        row[name + "_s"] = round(time.perf_counter() - t0, 2)
+    row["graphs"] = counters["stats"]["unique_graphs"]
+    print(json.dumps(row), flush=True)
+eager.eval(), ours.eval()
+with torch.no_grad(), amp():
+    x = torch.randn(batch, 3, 32, 32, device=device, generator=gen).contiguous(memory_format=cl)
+    ref = eager(x).float()
+    print(json.dumps({{"eval_eager": ref.sum().item(), "eval_compiled": compiled(x).float().sum().item(),
+                       "eval_scale": ref.abs().sum().item()}}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_swapped_resnet18_trains_compiled(device, tmp_path):
+    """torch.compile of the fully swapped resnet18_cifar (every conv, batch norm, fused residual, pool and fork
+    torchext's), channels-last, bf16 autocast on the GPU: five SGD steps (the fourth a short batch) and an eval pass
+    finish, the compiled model's losses track the eager model's from the same weights and batches, and the
+    fixed-shape steps reuse the compiled graphs (no recompilation from step to step)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    timeout = 600
+    script = tmp_path / "resnet_compile.py"
+    batch = 64 if device == "cuda" else 8
+    script.write_text(_RESNET_COMPILE_SCRIPT.format(stack_after=timeout - 30, device=device, batch=batch))
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=timeout, env=dict(os.environ)
+        )
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        pytest.fail(f"[compiled ResNet-18] no end within {timeout} s; steps so far:\n{out}\nstacks:\n{err[-6000:]}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 6, proc.stdout + proc.stderr[-3000:]
+    steps, final = rows[:-1], rows[-1]
+    for r in steps:
+        # bf16 activations on the GPU; and the two models' weights drift apart by rounding from step to step.
+        assert abs(r["compiled"] - r["eager"]) <= 0.05 * abs(r["eager"]) + 0.05, f"[loss, compiled vs eager] {r}"
+    # Steps 1 and 2 repeat step 0's shapes: no new graph. The short batch may compile a dynamic one; step 4 reuses it.
+    assert steps[2]["graphs"] == steps[0]["graphs"], f"[recompiled between fixed-shape steps] {steps}"
+    assert steps[4]["graphs"] == steps[3]["graphs"], f"[recompiled after the short batch] {steps}"
+    assert abs(final["eval_compiled"] - final["eval_eager"]) <= 0.02 * final["eval_scale"], f"[eval] {final}"
