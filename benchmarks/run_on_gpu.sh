@@ -147,7 +147,8 @@ compare_run() {
   mkdir -p "$dir"
   echo "== compare $name: $*"
   # shellcheck disable=SC2086
-  timeout "$limit" "${COMPARE_LAUNCH[@]}" --data "${COMPARE_DATA:-.data/cifar10-train-jpg.tar.gz}" --out "$dir" "$@" ${COMPARE_ARGS:-} \
+  # At the limit: SIGUSR1 first (torchext-compare prints its Python stacks to run.log), the kill 15 s later.
+  timeout --signal=USR1 --kill-after=15 "$limit" "${COMPARE_LAUNCH[@]}" --data "${COMPARE_DATA:-.data/cifar10-train-jpg.tar.gz}" --out "$dir" "$@" ${COMPARE_ARGS:-} \
     > "$dir/run.log" 2>&1 || { echo "exit code $?"; status=1; }
   sed -n '/^| final val acc/,/^| peak reserved/p;/GPU-time share/p' "$dir/summary.md" 2> /dev/null
   tar czf "$OUT/cifar10-$name.tar.gz" -C /tmp/torchext-compare "$name"

@@ -645,3 +645,23 @@ def test_cuda_graphs_run(tmp_path, model):
         epochs = results["seeds"][0]["models"][name]["epochs"]
         assert epochs[-1]["train_loss"] < epochs[0]["train_loss"], f"[{name}] the training loss did not go down"
     assert ", CUDA graphs" in (tmp_path / "out" / "summary.md").read_text()
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "SIGUSR1"), reason="no SIGUSR1 on this platform")
+def test_sigusr1_prints_the_stacks_and_the_run_goes_on():
+    """torchext-compare's main() registers SIGUSR1 with faulthandler (run_on_gpu.sh sends it at a run's time limit):
+    the signal prints the Python stack of every thread to stderr, and the process carries on."""
+    code = (
+        "import os, signal\n"
+        "from torchext.compare.cli import _stacks_on_sigusr1\n"
+        "def where_we_are():\n"
+        "    os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "_stacks_on_sigusr1()\n"
+        "where_we_are()\n"
+        "print('carried on')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "carried on", proc.stdout
+    assert "where_we_are" in proc.stderr and "most recent call first" in proc.stderr, proc.stderr[-3000:]
