@@ -31,6 +31,8 @@ SHAPES = [
     (2, 8, 9, 9, 8, 3, 3, 1, 2, 2, 1),  # dilation 2
     (2, 16, 6, 6, 8, 3, 3, 1, 1, 1, 2),  # groups 2
     (1, 16, 5, 7, 24, 3, 1, (2, 1), (1, 0), 1, 1),  # asymmetric kernel, stride and padding
+    # 9x9 (81 taps): backward_input's sub-kernels placed in the kernel itself, past the host's table of 64 taps
+    (1, 8, 11, 13, 16, 9, 9, 2, 4, 1, 1),
 ]
 RESNET_SHAPES = [
     (8, 64, 32, 32, 64, 3, 3, 1, 1, 1, 1),
