@@ -147,9 +147,20 @@ compare_run() {
   mkdir -p "$dir"
   echo "== compare $name: $*"
   # shellcheck disable=SC2086
-  # At the limit: SIGUSR1 first (torchext-compare prints its Python stacks to run.log), the kill 15 s later.
-  timeout --signal=USR1 --kill-after=15 "$limit" "${COMPARE_LAUNCH[@]}" --data "${COMPARE_DATA:-.data/cifar10-train-jpg.tar.gz}" --out "$dir" "$@" ${COMPARE_ARGS:-} \
-    > "$dir/run.log" 2>&1 || { echo "exit code $?"; status=1; }
+  "${COMPARE_LAUNCH[@]}" --data "${COMPARE_DATA:-.data/cifar10-train-jpg.tar.gz}" --out "$dir" "$@" ${COMPARE_ARGS:-} \
+    > "$dir/run.log" 2>&1 &
+  local pid=$! first=USR1
+  # At the limit: SIGUSR1 to the run alone (torchext-compare prints its Python stacks to run.log and goes on), TERM
+  # 15 s later, KILL 10 s after that. torchrun dies of USR1 and leaves its workers (in sessions of their own) running,
+  # so a DDP run gets TERM first, which torchrun passes on to its workers.
+  [ "${COMPARE_LAUNCH[0]}" = torchrun ] && first=TERM
+  (sleep "$limit" && kill -"$first" "$pid" && sleep 15 && kill -TERM "$pid" && sleep 10 && kill -KILL "$pid") \
+    2> /dev/null &
+  local watcher=$!
+  wait "$pid" || { echo "exit code $?"; status=1; }
+  pkill -P "$watcher" 2> /dev/null
+  kill "$watcher" 2> /dev/null
+  wait "$watcher" 2> /dev/null
   sed -n '/^| final val acc/,/^| peak reserved/p;/GPU-time share/p' "$dir/summary.md" 2> /dev/null
   tar czf "$OUT/cifar10-$name.tar.gz" -C /tmp/torchext-compare "$name"
 }

@@ -585,19 +585,24 @@ for step, n in enumerate([batch, batch, batch, batch * 5 // 8, batch]):  # a sho
         with amp():
             loss = F.cross_entropy(fn(x).float(), y)
         loss.backward()
-        optims[name].step()
-        optims[name].zero_grad(set_to_none=True)
         sync()
         row[name] = loss.item()
         row[name + "_s"] = round(time.perf_counter() - t0, 2)
+    # Every parameter's gradient, compiled against eager: the largest difference over the largest eager value.
+    row["grad_err"] = max(
+        ((c.grad - e.grad).abs().max() / e.grad.abs().max().clamp_min(1e-30)).item()
+        for e, c in zip(eager.parameters(), ours.parameters(), strict=True)
+    )
+    for opt in optims.values():
+        opt.step()
+        opt.zero_grad(set_to_none=True)
     row["graphs"] = counters["stats"]["unique_graphs"]
     print(json.dumps(row), flush=True)
 eager.eval(), ours.eval()
 with torch.no_grad(), amp():
     x = torch.randn(batch, 3, 32, 32, device=device, generator=gen).contiguous(memory_format=cl)
-    ref = eager(x).float()
-    print(json.dumps({{"eval_eager": ref.sum().item(), "eval_compiled": compiled(x).float().sum().item(),
-                       "eval_scale": ref.abs().sum().item()}}), flush=True)
+    ref, out = eager(x).float(), compiled(x).float()
+    print(json.dumps({{"eval_err": ((out - ref).abs().max() / ref.abs().max()).item()}}), flush=True)
 """
 
 
@@ -605,21 +610,22 @@ with torch.no_grad(), amp():
 def test_swapped_resnet18_trains_compiled(device, tmp_path):
     """torch.compile of the fully swapped resnet18_cifar (every conv, batch norm, fused residual, pool and fork
     torchext's), channels-last, bf16 autocast on the GPU: five SGD steps (the fourth a short batch) and an eval pass
-    finish, the compiled model's losses track the eager model's from the same weights and batches, and the
-    fixed-shape steps reuse the compiled graphs (no recompilation from step to step)."""
+    finish; the compiled model's losses, every parameter's gradient at every step and the eval logits track the eager
+    model's from the same weights and batches; and the fixed-shape steps reuse the compiled graphs (no recompilation
+    from step to step)."""
     import json
     import os
     import subprocess
     import sys
 
-    timeout = 600
+    timeout = 300  # a compile of both directions takes well under a minute where it works
     script = tmp_path / "resnet_compile.py"
     batch = 64 if device == "cuda" else 8
     script.write_text(_RESNET_COMPILE_SCRIPT.format(stack_after=timeout - 30, device=device, batch=batch))
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
     try:
-        proc = subprocess.run(
-            [sys.executable, str(script)], capture_output=True, text=True, timeout=timeout, env=dict(os.environ)
-        )
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
@@ -628,10 +634,13 @@ def test_swapped_resnet18_trains_compiled(device, tmp_path):
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(rows) == 6, proc.stdout + proc.stderr[-3000:]
     steps, final = rows[:-1], rows[-1]
+    # Our kernels run in both; inductor compiles the rest (the loss, autocast's casts), which may round differently:
+    # float32 on the CPU agrees to float32 rounding, bf16 activations on the GPU to bf16's.
+    tol = 1e-4 if device == "cpu" else 0.1  # a wrong backward is off by O(1)
     for r in steps:
-        # bf16 activations on the GPU; and the two models' weights drift apart by rounding from step to step.
-        assert abs(r["compiled"] - r["eager"]) <= 0.05 * abs(r["eager"]) + 0.05, f"[loss, compiled vs eager] {r}"
+        assert abs(r["compiled"] - r["eager"]) <= tol * abs(r["eager"]), f"[loss, compiled vs eager] {r}"
+        assert r["grad_err"] <= tol, f"[parameter gradients, compiled vs eager] {r}"
     # Steps 1 and 2 repeat step 0's shapes: no new graph. The short batch may compile a dynamic one; step 4 reuses it.
     assert steps[2]["graphs"] == steps[0]["graphs"], f"[recompiled between fixed-shape steps] {steps}"
     assert steps[4]["graphs"] == steps[3]["graphs"], f"[recompiled after the short batch] {steps}"
-    assert abs(final["eval_compiled"] - final["eval_eager"]) <= 0.02 * final["eval_scale"], f"[eval] {final}"
+    assert final["eval_err"] <= tol, f"[eval logits, compiled vs eager] {final}"
