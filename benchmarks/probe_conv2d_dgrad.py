@@ -21,8 +21,6 @@ INPUT_ONLY = [True, False, False]
 
 
 def probe(c, h, k, st):
-    import torchext  # noqa: F401  (registers the ops)
-
     op, back, cl = torch.ops.torchext, torch.ops.aten.convolution_backward.default, torch.channels_last
     x = torch.randn(512, c, h, h, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=cl)
     w = (torch.randn(k, c, 3, 3, device="cuda", dtype=torch.bfloat16) / (9 * c) ** 0.5).contiguous(memory_format=cl)
@@ -55,6 +53,8 @@ def probe(c, h, k, st):
 
 
 def main():
+    import torchext  # noqa: F401  (registers the ops)
+
     torch.backends.cudnn.benchmark = True
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     for shape in SHAPES:
