@@ -14,11 +14,18 @@ The mode is read when a function is compiled: set it before the first call of a 
 tests/test_compile.py checks it. The keys of inductor's on-disk caches (FX graph and AOTAutograd) do not cover that
 table, so "decompose" turns both caches off (a graph compiled in one mode would otherwise be reused in the other)
 and "kernels" turns them back to what they were.
+
+Importing torchext also bounds inductor's message about an op it has no lowering for (every torchext op in the
+"kernels" mode): see ``bound_inductor_operator_str``.
 """
+
+import importlib.abc
+import importlib.machinery
+import sys
 
 import torch
 
-__all__ = ["COMPILE_MODES", "DECOMPOSABLE", "compile_mode", "set_compile_mode"]
+__all__ = ["COMPILE_MODES", "DECOMPOSABLE", "bound_inductor_operator_str", "compile_mode", "set_compile_mode"]
 
 COMPILE_MODES = ("kernels", "decompose")
 
@@ -97,3 +104,89 @@ def set_compile_mode(mode: str) -> None:
     if hasattr(cached_copy, "cache_clear"):
         cached_copy.cache_clear()
     _mode = mode
+
+
+# Inductor's message about an op it calls as an opaque kernel. When inductor first lowers an op without a lowering of
+# its own (each torchext op in the "kernels" mode) it logs "Creating implicit fallback for:" with the op's arguments,
+# formatted by torch._inductor.exc.OperatorIssue.operator_str; its exceptions for a lowering that fails use the same
+# text. torch writes an IR argument with every IR node it derives from, in full each time it is reached, so the text
+# doubles with every op whose output two later ops read (a residual block's input): torch.compile of the fully swapped
+# ResNet-18 spent its time writing it and never finished its first step. torch 2.11 builds the text whether or not the
+# log is on; later versions only when inductor's INFO log is on (TORCH_LOGS=inductor). bound_inductor_operator_str
+# replaces the formatter with one that writes each IR argument as its type, name, dtype, size and device. Only the
+# message changes: which ops fall back, and how, is inductor's as before. tests/test_compile.py checks it.
+
+_MAX_ITEMS = 16  # list items written per argument
+_MAX_REPR = 200  # characters of any other argument's repr
+
+
+def _short_arg(arg, depth: int = 0) -> str:
+    """One line for an argument of an op that inductor lowers: an IR node without its inputs, lists shortened."""
+    from torch._inductor import ir
+
+    if isinstance(arg, (list, tuple)):
+        if depth >= 2:
+            return f"<{type(arg).__name__} of {len(arg)}>"
+        items = [_short_arg(a, depth + 1) for a in arg[:_MAX_ITEMS]] + (["..."] if len(arg) > _MAX_ITEMS else [])
+        text = ", ".join(items)
+        return f"[{text}]" if isinstance(arg, list) else f"({text})"
+    if isinstance(arg, ir.IRNode):
+        fields = []
+        getters = (("name", "get_name"), ("dtype", "get_dtype"), ("size", "get_size"), ("device", "get_device"))
+        for label, getter in getters:
+            try:
+                fields.append(f"{label}={getattr(arg, getter)()}")
+            except Exception:  # a node without a name (an unrealized pointwise) or without a layout yet
+                pass
+        return f"{type(arg).__name__}({', '.join(fields)})"
+    text = repr(arg)
+    return text if len(text) <= _MAX_REPR else text[:_MAX_REPR] + "..."
+
+
+def _operator_str(target, args, kwargs) -> str:
+    """torch._inductor.exc.OperatorIssue.operator_str's text (the target, then one line per argument), each IR
+    argument written without what it derives from."""
+    lines = [f"target: {target}"] + [f"args[{i}]: {_short_arg(arg)}" for i, arg in enumerate(args)]
+    if kwargs:
+        lines.append("kwargs: {" + ", ".join(f"{k!r}: {_short_arg(v)}" for k, v in kwargs.items()) + "}")
+    return "\n".join("  " + line for line in lines)
+
+
+def _bound(exc_module) -> None:
+    issue = getattr(exc_module, "OperatorIssue", None)
+    if issue is not None and hasattr(issue, "operator_str"):
+        issue.operator_str = staticmethod(_operator_str)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Applies _bound to torch._inductor.exc once it is imported (the first torch.compile imports it), so that
+    importing torchext does not import inductor (about 2 s)."""
+
+    name = "torch._inductor.exc"
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            exec_module = spec.loader.exec_module
+
+            def exec_and_bound(module):
+                exec_module(module)
+                _bound(module)
+
+            spec.loader.exec_module = exec_and_bound
+        return spec
+
+
+def bound_inductor_operator_str() -> None:
+    """Bounds inductor's "Creating implicit fallback" / lowering-error text (above): now if inductor is imported,
+    else when it is. ``import torchext`` calls it; calling it again does nothing more."""
+    if _PatchOnImport.name in sys.modules:
+        _bound(sys.modules[_PatchOnImport.name])
+    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
+
+
+bound_inductor_operator_str()
