@@ -177,7 +177,6 @@ if has compare; then
       cnn_cifar_full_graphs) compare_run "$run" 590 --model cnn_cifar --swap-conv --cuda-graphs ;;
       # The fully swapped ResNet-18 against stock under CUDA graphs (both captured) and torch.compile (both compiled,
       # torchext's ops opaque); the compile run takes one seed by default (each seed compiles both models).
-      # On 2026-11-28 it did not finish torchext's first epoch in 490 s (docs/compile.md, known problem).
       resnet18_cifar_b512_full_graphs) compare_run "$run" 590 --model resnet18_cifar --swap-conv --cuda-graphs ;;
       resnet18_cifar_b512_full_compile)
         compare_run "$run" 590 --model resnet18_cifar --swap-conv --compile --seeds "${COMPILE_SEEDS:-0}"
