@@ -6,7 +6,8 @@ picks its fastest algorithm per shape first), then summed over one training step
 often each shape occurs. Tidy rows go to a CSV (benchmarks/common.py's format) and a Markdown report to stdout.
 
     python benchmarks/bench_conv2d.py > benchmarks/results/conv2d_gpu.md         # bf16 + fp32, ~2 min on an H100
-    python benchmarks/bench_conv2d.py --dtypes bfloat16 --models cifar          # the headline target only
+    python benchmarks/bench_conv2d.py --dtypes bfloat16 --models cifar          # the headline target only (~15 s)
+    python benchmarks/bench_conv2d.py --dtypes bfloat16 --models cifar --shapes 512x512x4x4-512x3x3s1p1
 
 What is measured (op, provider, mode, shape, dtype as in the CSV):
   op          'conv2d'; shape N x C x H x W -> K x R x S / stride / padding (e.g. 512x64x32x32-64x3x3s1p1)
@@ -16,8 +17,10 @@ What is measured (op, provider, mode, shape, dtype as in the CSV):
               in sequence, as one training step runs them; the stem's without grad_input, which a step does not
               compute for the images, and the step sums leave the stem's bwd_input out for the same reason)
   metric      time (us, CUDA events, L2 flushed before every call, median of --reps), throughput (TFLOP/s =
-              2 N P Q K C R S per pass / time), max_rel_err (max |out - cuDNN's| / max |cuDNN's| on the forward, a
-              guard against timing a wrong kernel), unsupported (the variant raised for these arguments)
+              2 N P Q K C R S per pass / time), max_rel_err (each pass's result, output, grad_input and grad_weight,
+              against a float64 reference of the same inputs: max |error| / max |reference|; cuDNN's rows give the
+              rounding to expect, and a wrong kernel is not timed), unsupported (the variant raised for these
+              arguments)
   dtype       bfloat16, float16, float32 (tf32 off for cuDNN and torchext alike: the CUDA-core path) or tf32
 
 The weighted sums ('step' rows, shape = the model's name) add count x time over the model's shapes, for the 3x3
@@ -89,6 +92,49 @@ class Problem:
         # and weight gradient only, so its fwd+bwd leaves the input gradient out and the step's sums skip it.
         self.input_grad = c != 3
 
+    def errors(self, variant="cudnn"):
+        """{pass: max |result - float64 reference| / max |reference|} for the forward's output, grad_input (not for
+        the stem) and grad_weight of cuDNN ('cudnn') or of a torchext variant (None: the default), each pass computed
+        alone as the timings run it; the reference is torch's convolution of the same inputs in float64. A pass the
+        variant refuses ("does not support") is left out; anything else raised propagates."""
+        st, pd = self.stride, self.pad
+        back = torch.ops.aten.convolution_backward.default
+        ops = torch.ops.torchext
+
+        def passes(x, w, gy, variant):
+            if variant == "cudnn":
+
+                def fwd():
+                    return F.conv2d(x, w, None, st, pd)
+
+                def bwd(mask):
+                    return back(gy, x, w, None, st, pd, (1, 1), False, (0, 0), 1, mask)
+            else:
+
+                def fwd():
+                    return ops.conv2d.default(x, w, None, list(st), list(pd), [1, 1], 1, "none", variant)
+
+                def bwd(mask):
+                    return ops.conv2d_backward.default(gy, x, w, list(st), list(pd), [1, 1], 1, mask, variant)
+
+            yield "fwd", fwd
+            if self.input_grad:
+                yield "bwd_input", lambda: bwd([True, False, False])[0]
+            yield "bwd_weight", lambda: bwd([False, True, False])[1]
+
+        refs = {name: fn() for name, fn in passes(self.x.double(), self.w.double(), self.gy.double(), "cudnn")}
+        errs = {}
+        for name, fn in passes(self.x, self.w, self.gy, variant):
+            try:
+                out = fn()
+            except ValueError as e:
+                if name == "fwd" or "does not support" not in str(e):
+                    raise
+                continue
+            ref = refs[name]
+            errs[name] = ((out.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+        return errs
+
     def cudnn(self, mode):
         x, w, gy, st, pd = self.x, self.w, self.gy, self.stride, self.pad
         back = torch.ops.aten.convolution_backward.default
@@ -149,9 +195,20 @@ def main(argv=None):
     p.add_argument(
         "--variants", default="implicit_mma,implicit_wgmma", help="ladder rungs timed besides the default (comma list)"
     )
+    p.add_argument("--shapes", default="", help="only these shapes (comma list of the report's names); no step sums")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--out", default="benchmarks/results/conv2d_gpu.csv")
     args = p.parse_args(argv)
+    known = {
+        shape_name(MODELS[m][1], c, k, h, r, st, pd)
+        for m in args.models.split(",")
+        for _, c, k, h, r, st, pd in MODELS[m][2]
+    }
+    unknown = [name for name in args.shapes.split(",") if name and name not in known]
+    if unknown:
+        p.error(
+            f"--shapes: {', '.join(unknown)} not among the shapes of --models {args.models}: {', '.join(sorted(known))}"
+        )
 
     import torchext  # noqa: F401  (registers the ops)
 
@@ -160,7 +217,7 @@ def main(argv=None):
     env = environment(device)
     writer = CsvWriter(args.out, env)
     variants = [None] + [v for v in args.variants.split(",") if v]
-    names = {None: "torchext"}
+    names = {"cudnn": "cudnn", None: "torchext"}
     names.update({v: f"torchext-{v}" for v in variants if v})
     print(f"# conv2d against cuDNN ({env['gpu']}, torch {env['torch']}, CUDA {env['cuda']}, {env['date']})\n")
     print("Ratio = cuDNN time / torchext time (above 1: torchext faster). Times in us, median of", args.reps, "\n")
@@ -173,25 +230,31 @@ def main(argv=None):
         for mkey in args.models.split(","):
             model, batch, shapes = MODELS[mkey]
             totals = {}  # (op, provider, mode) -> weighted time
+            worst = {}  # (provider, pass) -> largest max_rel_err over the shapes
             print(f"## {model}, batch {batch}, {dname}, channels-last\n")
             print(
                 "| shape | count | mode | cuDNN us | " + " | ".join(f"{names[v]} us" for v in variants) + " | ratio |"
             )
             print("|---|---|---|---|" + "---|" * len(variants) + "---|")
             for count, c, k, h, r, stride, pad in shapes:
-                prob = Problem(batch, c, k, h, r, stride, pad, dtype, device)
                 shape = shape_name(batch, c, k, h, r, stride, pad)
-                ref = prob.cudnn("fwd")().float()
+                if args.shapes and shape not in args.shapes.split(","):
+                    continue
+                prob = Problem(batch, c, k, h, r, stride, pad, dtype, device)
                 usable = []
-                for v in variants:
+                for v in ["cudnn"] + variants:
                     try:
-                        out = prob.torchext("fwd", v)().float()
+                        errs = prob.errors(v)
                     except (ValueError, NotImplementedError, RuntimeError) as e:
+                        if v == "cudnn":
+                            raise
                         writer.row("conv2d", names[v], "fwd", [shape], dname, "unsupported", str(e)[:80], 0, 0, 0)
                         continue
-                    err = ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
-                    writer.row("conv2d", names[v], "fwd", [shape], dname, "max_rel_err", "", err, err, err)
-                    usable.append(v)
+                    for mode, err in errs.items():
+                        writer.row("conv2d", names[v], mode, [shape], dname, "max_rel_err", "", err, err, err)
+                        worst[(names[v], mode)] = max(worst.get((names[v], mode), 0.0), err)
+                    if v != "cudnn":
+                        usable.append(v)
                 runnable = list(usable)
                 for mode in MODES:
                     # A named rung may refuse a pass (implicit_wgmma: backward_weight); the default never does.
@@ -222,6 +285,14 @@ def main(argv=None):
                     )
                 del prob
                 torch.cuda.empty_cache()
+            print("\nLargest error against float64 over these shapes (max |error| / max |reference|):\n")
+            print("| provider | " + " | ".join(MODES[:3]) + " |")
+            print("|---|" + "---|" * 3)
+            for prov in ["cudnn"] + [names[v] for v in variants]:
+                cells = [f"{worst[(prov, m)]:.2e}" if (prov, m) in worst else "n/a" for m in MODES[:3]]
+                print(f"| {prov} | " + " | ".join(cells) + " |")
+            if args.shapes:
+                continue  # a subset: no step sums
             print(f"\n### {model} {dname}: one training step's convolutions, count-weighted\n")
             print("| convolutions | mode | cuDNN us | torchext us | ratio |")
             print("|---|---|---|---|---|")
