@@ -668,36 +668,34 @@ assert torch.equal(torch.compile(chain)(x), chain(x)), "compiled result differs 
 
 @pytest.mark.parametrize("order", ["torchext_first", "inductor_first"])
 def test_inductor_fallback_message_is_bounded(order, tmp_path):
-    """Inductor logs "Creating implicit fallback for:" with the arguments of each torchext op it first lowers. torch
-    writes an IR argument with everything it derives from, each time it is reached: after 24 matmul(x, x) that is
-    2^24 copies of x, and torch.compile of the fully swapped ResNet-18 never finished writing it (torch 2.11 builds
-    the text even with the log off). torchext bounds the text (torchext/compile.py), whether inductor is imported
-    after torchext (the import hook) or before: the chain compiles with the log on, the log stays short, and the
-    compiled chain gives eager's result."""
+    """Inductor's "Creating implicit fallback for:" message, with its log on, for an op whose argument derives from
+    14 matmul(x, x): torch's text holds 2^14 copies of x (63 MB), torchext's a line per argument (torchext/compile.py;
+    docs/compile.md). Whether inductor is imported after torchext (the import hook) or before, the chain compiles, the
+    log stays short and the compiled chain gives eager's result."""
     import os
     import subprocess
     import sys
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     # Caches off: a cached graph is not lowered again, and the message is written while lowering.
-    pythonpath = os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])
+    pythonpath = os.pathsep.join(p for p in [repo, os.environ.get("PYTHONPATH", "")] if p)
     env = dict(os.environ, PYTHONPATH=pythonpath, TORCHINDUCTOR_FORCE_DISABLE_CACHES="1")
     imports = {
         "torchext_first": "import torchext\nimport torch._dynamo",
         "inductor_first": "import torch._dynamo\nimport torchext",
     }
     script = tmp_path / "chain.py"
-    script.write_text(_FALLBACK_CHAIN_SCRIPT.format(imports=imports[order], depth=24))
+    script.write_text(_FALLBACK_CHAIN_SCRIPT.format(imports=imports[order], depth=14))
     log = tmp_path / "log.txt"
-    with open(log, "w") as err:  # unbounded, the text would reach gigabytes: to a file, not to memory
+    with open(log, "w") as err:  # unbounded, the text is tens of megabytes: to a file, not to memory
         try:
-            proc = subprocess.run([sys.executable, str(script)], stdout=err, stderr=err, timeout=120, env=env)
+            proc = subprocess.run([sys.executable, str(script)], stdout=err, stderr=err, timeout=180, env=env)
         except subprocess.TimeoutExpired:
             pytest.fail(
-                f"[fallback message] 24 chained torchext ops: no compile within 120 s ({log.stat().st_size} B logged)"
+                f"[fallback message] 14 chained torchext ops: no compile in 180 s ({log.stat().st_size} B logged)"
             )
     size = log.stat().st_size
-    text = log.read_text()[-4000:] if size < 1_000_000 else ""
-    assert proc.returncode == 0, text
+    text = log.read_text() if size < 1_000_000 else ""
+    assert proc.returncode == 0, text[-4000:]
     assert size < 200_000, f"[fallback message] {size} bytes logged"
-    assert "Creating implicit fallback" in text and "target: torchext.relu.default" in text, text
+    assert "Creating implicit fallback" in text and "target: torchext.relu.default" in text, text[-4000:]

@@ -15,8 +15,8 @@ tests/test_compile.py checks it. The keys of inductor's on-disk caches (FX graph
 table, so "decompose" turns both caches off (a graph compiled in one mode would otherwise be reused in the other)
 and "kernels" turns them back to what they were.
 
-Importing torchext also bounds inductor's message about an op it has no lowering for (every torchext op in the
-"kernels" mode): see ``bound_inductor_operator_str``.
+Importing torchext also shortens inductor's message about an op it calls as an opaque kernel, which torch writes at a
+length that doubles with every residual block (docs/compile.md, "The fully swapped ResNet-18 under torch.compile").
 """
 
 import importlib.abc
@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-__all__ = ["COMPILE_MODES", "DECOMPOSABLE", "bound_inductor_operator_str", "compile_mode", "set_compile_mode"]
+__all__ = ["COMPILE_MODES", "DECOMPOSABLE", "compile_mode", "set_compile_mode"]
 
 COMPILE_MODES = ("kernels", "decompose")
 
@@ -106,30 +106,31 @@ def set_compile_mode(mode: str) -> None:
     _mode = mode
 
 
-# Inductor's message about an op it calls as an opaque kernel. When inductor first lowers an op without a lowering of
-# its own (each torchext op in the "kernels" mode) it logs "Creating implicit fallback for:" with the op's arguments,
-# formatted by torch._inductor.exc.OperatorIssue.operator_str; its exceptions for a lowering that fails use the same
-# text. torch writes an IR argument with every IR node it derives from, in full each time it is reached, so the text
-# doubles with every op whose output two later ops read (a residual block's input): torch.compile of the fully swapped
-# ResNet-18 spent its time writing it and never finished its first step. torch 2.11 builds the text whether or not the
-# log is on; later versions only when inductor's INFO log is on (TORCH_LOGS=inductor). bound_inductor_operator_str
-# replaces the formatter with one that writes each IR argument as its type, name, dtype, size and device. Only the
-# message changes: which ops fall back, and how, is inductor's as before. tests/test_compile.py checks it.
+# Inductor's message about an op it has no lowering for ("Creating implicit fallback for:", logged when it first lowers
+# each such op: every torchext op in the "kernels" mode, those without a decomposition in "decompose", other libraries'
+# custom ops), and about a lowering that fails: torch._inductor.exc.OperatorIssue.operator_str writes each IR argument
+# with everything it derives from, doubling at every tensor two ops read; torch 2.11 builds it even with the log off,
+# and the fully swapped ResNet-18's first compiled step never ended (docs/compile.md). _bound replaces it, for every op
+# in the process, with one line per argument: an IR node's type, name, dtype, size and device. Which ops fall back, and
+# how, stays inductor's. A private torch API; tests/test_compile.py checks that the replacement is in place.
 
-_MAX_ITEMS = 16  # list items written per argument
-_MAX_REPR = 200  # characters of any other argument's repr
+_MAX_ITEMS = 16  # items written per list, tuple or dict argument
+_MAX_REPR = 200  # characters written of any other argument's repr
 
 
 def _short_arg(arg, depth: int = 0) -> str:
-    """One line for an argument of an op that inductor lowers: an IR node without its inputs, lists shortened."""
+    """One line for an argument of an op that inductor lowers: an IR node without its inputs, containers shortened."""
     from torch._inductor import ir
 
-    if isinstance(arg, (list, tuple)):
+    if isinstance(arg, (list, tuple, dict)):
         if depth >= 2:
             return f"<{type(arg).__name__} of {len(arg)}>"
-        items = [_short_arg(a, depth + 1) for a in arg[:_MAX_ITEMS]] + (["..."] if len(arg) > _MAX_ITEMS else [])
-        text = ", ".join(items)
-        return f"[{text}]" if isinstance(arg, list) else f"({text})"
+        if isinstance(arg, dict):
+            items = [f"{k!r}: {_short_arg(v, depth + 1)}" for k, v in list(arg.items())[:_MAX_ITEMS]]
+        else:
+            items = [_short_arg(a, depth + 1) for a in arg[:_MAX_ITEMS]]
+        text = ", ".join(items + (["..."] if len(arg) > _MAX_ITEMS else []))
+        return {dict: "{%s}", list: "[%s]"}.get(type(arg), "(%s)") % text
     if isinstance(arg, ir.IRNode):
         fields = []
         getters = (("name", "get_name"), ("dtype", "get_dtype"), ("size", "get_size"), ("device", "get_device"))
@@ -139,16 +140,18 @@ def _short_arg(arg, depth: int = 0) -> str:
             except Exception:  # a node without a name (an unrealized pointwise) or without a layout yet
                 pass
         return f"{type(arg).__name__}({', '.join(fields)})"
-    text = repr(arg)
+    try:
+        text = repr(arg)
+    except Exception:
+        return f"<{type(arg).__name__}>"
     return text if len(text) <= _MAX_REPR else text[:_MAX_REPR] + "..."
 
 
 def _operator_str(target, args, kwargs) -> str:
-    """torch._inductor.exc.OperatorIssue.operator_str's text (the target, then one line per argument), each IR
-    argument written without what it derives from."""
+    """OperatorIssue.operator_str's text (the target, then one line per argument), each argument bounded."""
     lines = [f"target: {target}"] + [f"args[{i}]: {_short_arg(arg)}" for i, arg in enumerate(args)]
     if kwargs:
-        lines.append("kwargs: {" + ", ".join(f"{k!r}: {_short_arg(v)}" for k, v in kwargs.items()) + "}")
+        lines.append(f"kwargs: {_short_arg(dict(kwargs))}")
     return "\n".join("  " + line for line in lines)
 
 
@@ -158,35 +161,50 @@ def _bound(exc_module) -> None:
         issue.operator_str = staticmethod(_operator_str)
 
 
+class _BoundAfterExec(importlib.abc.Loader):
+    """The module's own loader, and _bound once it has run the module."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        _bound(module)
+
+    def __getattr__(self, name):  # get_source, get_code, ... (inspect, linecache)
+        return getattr(self._loader, name)
+
+
 class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Applies _bound to torch._inductor.exc once it is imported (the first torch.compile imports it), so that
-    importing torchext does not import inductor (about 2 s)."""
+    """Finds torch._inductor.exc through the other finders and has its loader apply _bound after running it, on
+    every import (a reload, or one after a failed import, included). Importing torchext thus does not import inductor
+    (about 2 s); the first ``import torch._dynamo`` (torch.compile's first call) does."""
 
     name = "torch._inductor.exc"
 
     def find_spec(self, fullname, path, target=None):
         if fullname != self.name:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            exec_module = spec.loader.exec_module
-
-            def exec_and_bound(module):
-                exec_module(module)
-                _bound(module)
-
-            spec.loader.exec_module = exec_and_bound
-        return spec
+        for finder in list(sys.meta_path):
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _BoundAfterExec(spec.loader)
+                return spec
+        return None
 
 
-def bound_inductor_operator_str() -> None:
-    """Bounds inductor's "Creating implicit fallback" / lowering-error text (above): now if inductor is imported,
-    else when it is. ``import torchext`` calls it; calling it again does nothing more."""
+def _bound_operator_str() -> None:
+    """Applies _bound now if inductor's exc module is imported, and to every later import of it."""
+    if not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
     if _PatchOnImport.name in sys.modules:
         _bound(sys.modules[_PatchOnImport.name])
-    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchOnImport())
 
 
-bound_inductor_operator_str()
+_bound_operator_str()
