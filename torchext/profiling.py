@@ -185,12 +185,46 @@ _TORCHEXT_PATTERNS = [(f, re.compile(p)) for f, p in _TORCHEXT_RULES]
 _GENERIC_PATTERNS = [(f, re.compile(p)) for f, p in _GENERIC_RULES]
 
 
+_TRITON_KERNEL = re.compile(r"triton_(?:poi|red|per)_")  # inductor's pointwise and reduction kernels
+
+
+def _opaque_torchext_ops() -> list[str]:
+    """The names of torchext's ops that always run their own kernels under inductor (not lowered to ATen by
+    ``set_compile_mode("decompose")``) and are not also ATen's."""
+    from .compile import DECOMPOSABLE
+
+    by_namespace: dict[str, set[str]] = defaultdict(set)
+    for qualified in torch._C._dispatch_get_all_op_names():  # "torchext::conv2d_stats", "aten::add.Tensor", ...
+        namespace, _, name = qualified.partition("::")
+        by_namespace[namespace].add(name.split(".")[0])
+    decomposable = {op.name().split("::")[1].split(".")[0] for op in DECOMPOSABLE}
+    return sorted(by_namespace["torchext"] - by_namespace["aten"] - decomposable)
+
+
+def _without_extern_ops(short: str) -> str:
+    """An inductor pointwise or reduction kernel's name without the ops it does not compute. Inductor names a kernel
+    after the ops it computes and also, for a copy or cast it makes for an op that runs its own kernel, after that op
+    (triton_poi_fused__to_copy_conv2d_stats_1: a cast for torchext's conv2d_stats; ..._to_copy_linear_view_13: a
+    weight cast for a Linear; 'linear' is the one ATen name taken out, as no pointwise kernel computes a GEMM, while
+    one named after 'convolution' may add its bias): such names say nothing about the kernel's work."""
+    global _EXTERN
+    if _EXTERN is None:
+        ops = sorted(set(_opaque_torchext_ops()) | {"linear"}, key=len, reverse=True)
+        _EXTERN = re.compile(r"_(?:" + "|".join(map(re.escape, ops)) + r")(?=_)(?!_backward)")
+    return _EXTERN.sub("", short)
+
+
+_EXTERN: re.Pattern | None = None
+
+
 def kernel_family(name: str, kind: str = "kernel") -> str:
     """The op family (one of ``KERNEL_FAMILIES``) of a GPU activity, from its name (demangled or mangled) and kind
     ('kernel', 'memcpy' or 'memset': the last two are copies)."""
     if kind in ("memcpy", "memset"):
         return "copy"
     short = short_kernel_name(name).lower()
+    if _TRITON_KERNEL.match(short):
+        short = _without_extern_ops(short)
     for family, pattern in _FAMILY_PATTERNS:
         if pattern.search(short):
             return family
