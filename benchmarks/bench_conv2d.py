@@ -92,39 +92,39 @@ class Problem:
         # and weight gradient only, so its fwd+bwd leaves the input gradient out and the step's sums skip it.
         self.input_grad = c != 3
 
+    def calls(self, provider, x=None, w=None, gy=None):
+        """(forward(), backward(output_mask)) of cuDNN ('cudnn') or of a torchext variant (None: the default), on
+        this problem's tensors or on the x, w, gy given (the float64 reference)."""
+        x, w, gy = (self.x if x is None else x), (self.w if w is None else w), (self.gy if gy is None else gy)
+        st, pd = self.stride, self.pad
+        if provider == "cudnn":
+            back = torch.ops.aten.convolution_backward.default
+            return (
+                lambda: F.conv2d(x, w, None, st, pd),
+                lambda mask: back(gy, x, w, None, st, pd, (1, 1), False, (0, 0), 1, mask),
+            )
+        conv, back = torch.ops.torchext.conv2d.default, torch.ops.torchext.conv2d_backward.default
+        return (
+            lambda: conv(x, w, None, list(st), list(pd), [1, 1], 1, "none", provider),
+            lambda mask: back(gy, x, w, list(st), list(pd), [1, 1], 1, mask, provider),
+        )
+
     def errors(self, variant="cudnn"):
         """{pass: max |result - float64 reference| / max |reference|} for the forward's output, grad_input (not for
         the stem) and grad_weight of cuDNN ('cudnn') or of a torchext variant (None: the default), each pass computed
         alone as the timings run it; the reference is torch's convolution of the same inputs in float64. A pass the
         variant refuses ("does not support") is left out; anything else raised propagates."""
-        st, pd = self.stride, self.pad
-        back = torch.ops.aten.convolution_backward.default
-        ops = torch.ops.torchext
 
-        def passes(x, w, gy, variant):
-            if variant == "cudnn":
-
-                def fwd():
-                    return F.conv2d(x, w, None, st, pd)
-
-                def bwd(mask):
-                    return back(gy, x, w, None, st, pd, (1, 1), False, (0, 0), 1, mask)
-            else:
-
-                def fwd():
-                    return ops.conv2d.default(x, w, None, list(st), list(pd), [1, 1], 1, "none", variant)
-
-                def bwd(mask):
-                    return ops.conv2d_backward.default(gy, x, w, list(st), list(pd), [1, 1], 1, mask, variant)
-
+        def passes(fwd, bwd):
             yield "fwd", fwd
             if self.input_grad:
                 yield "bwd_input", lambda: bwd([True, False, False])[0]
             yield "bwd_weight", lambda: bwd([False, True, False])[1]
 
-        refs = {name: fn() for name, fn in passes(self.x.double(), self.w.double(), self.gy.double(), "cudnn")}
+        ref_calls = self.calls("cudnn", self.x.double(), self.w.double(), self.gy.double())
+        refs = {name: fn() for name, fn in passes(*ref_calls)}
         errs = {}
-        for name, fn in passes(self.x, self.w, self.gy, variant):
+        for name, fn in passes(*self.calls(variant)):
             try:
                 out = fn()
             except ValueError as e:
@@ -136,24 +136,10 @@ class Problem:
         return errs
 
     def cudnn(self, mode):
-        x, w, gy, st, pd = self.x, self.w, self.gy, self.stride, self.pad
-        back = torch.ops.aten.convolution_backward.default
-        return by_mode(
-            mode,
-            lambda: F.conv2d(x, w, None, st, pd),
-            lambda mask: back(gy, x, w, None, st, pd, (1, 1), False, (0, 0), 1, mask),
-            self.input_grad,
-        )
+        return by_mode(mode, *self.calls("cudnn"), self.input_grad)
 
     def torchext(self, mode, variant):
-        x, w, gy, st, pd = self.x, self.w, self.gy, list(self.stride), list(self.pad)
-        conv, back = torch.ops.torchext.conv2d.default, torch.ops.torchext.conv2d_backward.default
-        return by_mode(
-            mode,
-            lambda: conv(x, w, None, st, pd, [1, 1], 1, "none", variant),
-            lambda mask: back(gy, x, w, st, pd, [1, 1], 1, mask, variant),
-            self.input_grad,
-        )
+        return by_mode(mode, *self.calls(variant), self.input_grad)
 
 
 def _runs(fn):
@@ -204,7 +190,8 @@ def main(argv=None):
         for m in args.models.split(",")
         for _, c, k, h, r, st, pd in MODELS[m][2]
     }
-    unknown = [name for name in args.shapes.split(",") if name and name not in known]
+    only = {name for name in args.shapes.split(",") if name}
+    unknown = sorted(only - known)
     if unknown:
         p.error(
             f"--shapes: {', '.join(unknown)} not among the shapes of --models {args.models}: {', '.join(sorted(known))}"
@@ -238,7 +225,7 @@ def main(argv=None):
             print("|---|---|---|---|" + "---|" * len(variants) + "---|")
             for count, c, k, h, r, stride, pad in shapes:
                 shape = shape_name(batch, c, k, h, r, stride, pad)
-                if args.shapes and shape not in args.shapes.split(","):
+                if only and shape not in only:
                     continue
                 prob = Problem(batch, c, k, h, r, stride, pad, dtype, device)
                 usable = []
@@ -291,7 +278,7 @@ def main(argv=None):
             for prov in ["cudnn"] + [names[v] for v in variants]:
                 cells = [f"{worst[(prov, m)]:.2e}" if (prov, m) in worst else "n/a" for m in MODES[:3]]
                 print(f"| {prov} | " + " | ".join(cells) + " |")
-            if args.shapes:
+            if only:
                 continue  # a subset: no step sums
             print(f"\n### {model} {dname}: one training step's convolutions, count-weighted\n")
             print("| convolutions | mode | cuDNN us | torchext us | ratio |")
