@@ -20,7 +20,6 @@ length that doubles with every residual block (docs/compile.md, "The fully swapp
 """
 
 import importlib.abc
-import importlib.machinery
 import sys
 
 import torch

@@ -27,6 +27,7 @@ Where there is nothing to measure (a CPU device, no CUDA, a torch without CUPTI 
 recorded) the result has ``share`` None and ``reason`` saying why; nothing raises.
 """
 
+import functools
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -207,14 +208,13 @@ def _without_extern_ops(short: str) -> str:
     (triton_poi_fused__to_copy_conv2d_stats_1: a cast for torchext's conv2d_stats; ..._to_copy_linear_view_13: a
     weight cast for a Linear; 'linear' is the one ATen name taken out, as no pointwise kernel computes a GEMM, while
     one named after 'convolution' may add its bias): such names say nothing about the kernel's work."""
-    global _EXTERN
-    if _EXTERN is None:
-        ops = sorted(set(_opaque_torchext_ops()) | {"linear"}, key=len, reverse=True)
-        _EXTERN = re.compile(r"_(?:" + "|".join(map(re.escape, ops)) + r")(?=_)(?!_backward)")
-    return _EXTERN.sub("", short)
+    return _extern_ops_pattern().sub("", short)
 
 
-_EXTERN: re.Pattern | None = None
+@functools.cache
+def _extern_ops_pattern() -> re.Pattern:
+    ops = sorted(set(_opaque_torchext_ops()) | {"linear"}, key=len, reverse=True)
+    return re.compile(r"_(?:" + "|".join(map(re.escape, ops)) + r")(?=_)(?!_backward)")
 
 
 def kernel_family(name: str, kind: str = "kernel") -> str:
