@@ -544,6 +544,15 @@ def test_swapped_pooling_model_compiles_fullgraph(device):
 # from faulthandler) instead of stalling the suite. On the GPU under bf16 autocast: 64-channel and wider layers at
 # 32x32 take the implicit_tma convolutions and the fused batch norms, as the recipe's batch of 512 does. On the CPU
 # in float32 (its kernels' dtypes), a smaller batch.
+def _child_env(**extra: str) -> dict:
+    """The environment of a child Python that imports this checkout's torchext, with ``extra`` set."""
+    import os
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pythonpath = os.pathsep.join(p for p in [repo, os.environ.get("PYTHONPATH", "")] if p)
+    return dict(os.environ, PYTHONPATH=pythonpath, **extra)
+
+
 _RESNET_COMPILE_SCRIPT = """
 import contextlib, faulthandler, json, time
 import torch
@@ -614,7 +623,6 @@ def test_swapped_resnet18_trains_compiled(device, tmp_path):
     model's from the same weights and batches; and the fixed-shape steps reuse the compiled graphs (no recompilation
     from step to step)."""
     import json
-    import os
     import subprocess
     import sys
 
@@ -622,10 +630,10 @@ def test_swapped_resnet18_trains_compiled(device, tmp_path):
     script = tmp_path / "resnet_compile.py"
     batch = 64 if device == "cuda" else 8
     script.write_text(_RESNET_COMPILE_SCRIPT.format(stack_after=timeout - 30, device=device, batch=batch))
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
     try:
-        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=timeout, env=env)
+        proc = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=timeout, env=_child_env()
+        )
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
@@ -672,14 +680,11 @@ def test_inductor_fallback_message_is_bounded(order, tmp_path):
     14 matmul(x, x): torch's text holds 2^14 copies of x (63 MB), torchext's a line per argument (torchext/compile.py;
     docs/compile.md). Whether inductor is imported after torchext (the import hook) or before, the chain compiles, the
     log stays short and the compiled chain gives eager's result."""
-    import os
     import subprocess
     import sys
 
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     # Caches off: a cached graph is not lowered again, and the message is written while lowering.
-    pythonpath = os.pathsep.join(p for p in [repo, os.environ.get("PYTHONPATH", "")] if p)
-    env = dict(os.environ, PYTHONPATH=pythonpath, TORCHINDUCTOR_FORCE_DISABLE_CACHES="1")
+    env = _child_env(TORCHINDUCTOR_FORCE_DISABLE_CACHES="1")
     imports = {
         "torchext_first": "import torchext\nimport torch._dynamo",
         "inductor_first": "import torch._dynamo\nimport torchext",
