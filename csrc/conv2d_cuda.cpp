@@ -7,11 +7,11 @@
 // backward_input reads y (grad_output) and w and writes x (grad_input); backward_weight reads y and x and writes w
 // (grad_weight). Outputs follow csrc/conv2d.h's layout rule.
 //
-// Layout conversions. The tensor-core versions (implicit_mma, implicit_wgmma, implicit_tma) want NHWC activations, KRSC
-// (channels-last) weights and 16-byte rows (C a multiple of 8 in bf16 / fp16). Each pass tries, in order, and stops at the first level where the
-// named variant is supported (variant=...) or where the default choice is a tensor-core version (variant=None; otherwise
-// the
-// level giving the fastest version, the earliest on ties):
+// Layout conversions. The implicit-GEMM versions (implicit_simt, implicit_mma, implicit_wgmma, implicit_tma) want NHWC
+// activations, KRSC (channels-last) weights and 16-byte rows (C a multiple of 8 in bf16 / fp16, 4 in float32). Each
+// pass tries, in order, and stops at the first level where the named variant is supported (variant=...) or where the
+// default choice is an implicit-GEMM version (variant=None; otherwise the level giving the fastest version, the
+// earliest on ties):
 //   level 0  the tensors as given (no copy)
 //   level 1  the tensors the pass reads converted to channels-last, one copy each (an NCHW input: one copy, the
 //            cost of a transpose, against a tensor-core convolution that reads it R S / stride^2 times)
@@ -20,7 +20,7 @@
 //   level 3  and C padded with zeros to a multiple of 8 (groups == 1): the input and weight copies get zero channels,
 //            which add nothing to y; dx and dw are computed padded and their first C channels copied out. For the
 //            3-channel stem this costs a copy of a small input; the alternative is the direct version.
-// direct and im2col take level 0 in every layout, so the levels matter only where a tensor-core version can run.
+// direct and im2col take level 0 in every layout, so the levels matter only where an implicit-GEMM version can run.
 //
 // conv2d_stats: the engine writes the per-channel sum and sum of squares (the implicit versions in their epilogues, the
 // others in a pass over the stored output, cuda_ops/conv2d.cu) straight into the two outputs, `sum` and `sum_sq`
@@ -183,7 +183,7 @@ void run_pass(std::string_view op, Conv2dPass pass, std::optional<Conv2dKernel> 
     } else {
       l.kernel = cuda_ops::conv2d_default_kernel(pass, args);
       if (!chosen.has_value() || l.kernel > chosen->kernel) chosen = l;
-      if (l.kernel >= Conv2dKernel::implicit_mma) break;  // a tensor-core version
+      if (l.kernel >= Conv2dKernel::implicit_simt) break;  // an implicit-GEMM version
     }
   }
   TORCH_CHECK_VALUE(chosen.has_value(), op, ": variant '", cuda_ops::conv2d_kernel_name(*variant),

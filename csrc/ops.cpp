@@ -89,8 +89,8 @@ TORCH_LIBRARY(torchext, m) {
   // 2-D convolution (csrc/conv2d_*.cpp, the checks and the layout rule in csrc/conv2d.h; the CUDA ladder is
   // cuda_ops/conv2d*.cu). input (N, C, H, W), weight (K, C / groups, kH, kW), bias (K); the output follows input's
   // memory format (channels-last in, channels-last out). `activation` is fused into the epilogue: 'none' or 'relu'.
-  // `variant` names one version of the CUDA ladder ('direct', 'im2col', 'implicit_mma', 'implicit_wgmma',
-  // 'implicit_tma'; 'cpu' on CPU); None picks the fastest that supports the arguments.
+  // `variant` names one version of the CUDA ladder ('direct', 'im2col', 'implicit_simt', 'implicit_mma',
+  // 'implicit_wgmma', 'implicit_tma'; 'cpu' on CPU); None picks the fastest that supports the arguments.
   m.def(
       "conv2d(Tensor input, Tensor weight, Tensor? bias=None, int[2] stride=1, int[2] padding=0, int[2] dilation=1, "
       "int groups=1, str activation='none', str? variant=None) -> Tensor");

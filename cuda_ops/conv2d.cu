@@ -4,14 +4,16 @@
 //
 // Statistics: the forward's contract (cuda_ops/conv2d_args.h) is that args.stats, when set, receives y's per-channel
 // sum and sum of squares. implicit_mma, implicit_wgmma and implicit_tma accumulate them in their epilogues and get
-// args as they are; for direct and im2col, conv2d() runs the family without stats and then conv2d_output_stats over the stored y, in the same
-// workspace (the reduction follows the forward in stream order), so conv2d_workspace_bytes is the larger of the two.
+// args as they are; for direct, im2col and implicit_simt, conv2d() runs the family without stats and then
+// conv2d_output_stats over the stored y, in the same workspace (the reduction follows the forward in stream order),
+// so conv2d_workspace_bytes is the larger of the two.
 //
 // The default choice, fastest first: implicit_tma where conv2d_tma_supported says yes (as implicit_wgmma, with output
 // rows TMA can read as boxes); else implicit_wgmma where conv2d_wgmma_supported says yes (an sm_90 GPU, bf16 / fp16,
 // forward and backward_input); else implicit_mma where conv2d_implicit_supported says yes (tensor cores, NHWC / KRSC,
-// groups == 1; csrc/conv2d_cuda.cpp converts layouts to get there); else im2col where it is supported (groups == 1,
-// dense layouts) and its workspace stays under kDefaultIm2colWorkspaceCap (the patch matrix is chunked at 256 MiB, so
+// groups == 1; csrc/conv2d_cuda.cpp converts layouts to get there); else implicit_simt where conv2d_simt_supported
+// says yes (float32 without tf32, the same layouts); else im2col where it is supported (groups == 1, dense layouts)
+// and its workspace stays under kDefaultIm2colWorkspaceCap (the patch matrix is chunked at 256 MiB, so
 // this only refuses a single image whose patches are larger than the cap); else direct, which takes everything.
 //
 // The column reduction (both outputs): y viewed as M = N P Q rows of K channels. Pass 1 cuts the rows into `chunks`
@@ -248,6 +250,8 @@ bool conv2d_supported(Conv2dKernel kernel, Conv2dPass pass, const Conv2dArgs<T>&
       return conv2d_direct_supported(pass, without_stats(args), why);
     case Conv2dKernel::im2col:
       return conv2d_im2col_supported(pass, without_stats(args), why);
+    case Conv2dKernel::implicit_simt:
+      return conv2d_simt_supported(pass, without_stats(args), why);
     case Conv2dKernel::implicit_mma:
       return conv2d_implicit_supported(pass, args, why);
     case Conv2dKernel::implicit_wgmma:
@@ -268,6 +272,9 @@ size_t conv2d_workspace_bytes(Conv2dKernel kernel, Conv2dPass pass, const Conv2d
       break;
     case Conv2dKernel::im2col:
       bytes = conv2d_im2col_workspace_bytes(pass, without_stats(args));
+      break;
+    case Conv2dKernel::implicit_simt:
+      bytes = conv2d_simt_workspace_bytes(pass, without_stats(args));
       break;
     case Conv2dKernel::implicit_mma:
       bytes = conv2d_implicit_workspace_bytes(pass, args);
@@ -299,6 +306,9 @@ cudaError_t conv2d(Conv2dKernel kernel, Conv2dPass pass, const Conv2dArgs<T>& ar
       break;
     case Conv2dKernel::im2col:
       err = conv2d_im2col(pass, without_stats(args), stream, workspace);
+      break;
+    case Conv2dKernel::implicit_simt:
+      err = conv2d_simt(pass, without_stats(args), stream, workspace);
       break;
     case Conv2dKernel::implicit_mma:
       return conv2d_implicit(pass, args, stream, workspace);
@@ -333,6 +343,7 @@ Conv2dKernel conv2d_default_kernel(Conv2dPass pass, const Conv2dArgs<T>& args) {
   if (conv2d_wgmma_supported(pass, args, nullptr)) return Conv2dKernel::implicit_wgmma;
   if (conv2d_implicit_supported(pass, args, nullptr)) return Conv2dKernel::implicit_mma;
   const Conv2dArgs<T> a = without_stats(args);
+  if (conv2d_simt_supported(pass, a, nullptr)) return Conv2dKernel::implicit_simt;
   if (conv2d_im2col_supported(pass, a, nullptr) &&
       conv2d_im2col_workspace_bytes(pass, a) <= kDefaultIm2colWorkspaceCap) {
     return Conv2dKernel::im2col;

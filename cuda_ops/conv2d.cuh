@@ -8,6 +8,9 @@
 //                                dilation): the reference the others are tested against on the GPU
 //   cuda_ops/conv2d_im2col.cu    explicit im2col into a workspace + the GEMM engine (cuda_ops/matmul.cuh); the
 //                                gradients through the same GEMMs and col2im
+//   cuda_ops/conv2d_simt.cu      implicit GEMM on CUDA cores (float32, exact): the matmul ladder's top CUDA-core
+//                                kernel with loaders that gather the tiles (padding, stride, dilation) as they copy
+//                                them; the input gradient per stride phase, the weight gradient split along N P Q
 //   cuda_ops/conv2d_implicit.cu  implicit GEMM on tensor cores (mma.sync, bf16/fp16/tf32): the loader computes each
 //                                tile's input addresses (padding, stride, dilation) as it copies them; the input's
 //                                gradient at stride > 1 split into stride^2 phases so no MMA multiplies an inserted
@@ -82,6 +85,13 @@ template <typename T>
 size_t conv2d_im2col_workspace_bytes(Conv2dPass pass, const Conv2dArgs<T>& args);
 template <typename T>
 cudaError_t conv2d_im2col(Conv2dPass pass, const Conv2dArgs<T>& args, cudaStream_t stream, void* workspace);
+
+template <typename T>
+bool conv2d_simt_supported(Conv2dPass pass, const Conv2dArgs<T>& args, const char** why);
+template <typename T>
+size_t conv2d_simt_workspace_bytes(Conv2dPass pass, const Conv2dArgs<T>& args);
+template <typename T>
+cudaError_t conv2d_simt(Conv2dPass pass, const Conv2dArgs<T>& args, cudaStream_t stream, void* workspace);
 
 template <typename T>
 bool conv2d_implicit_supported(Conv2dPass pass, const Conv2dArgs<T>& args, const char** why);

@@ -24,14 +24,15 @@ namespace torchext::cuda_ops {
 enum class Conv2dKernel : int {
   direct = 0,    // one output element per thread, straight from global memory: any layout, dtype, groups, dilation
   im2col,        // the patches of x copied into a workspace matrix, then the GEMM engine (cuda_ops/matmul.cuh)
+  implicit_simt,  // implicit GEMM on CUDA cores (float32, exact): the matmul ladder's v5 with gathering loaders
   implicit_mma,  // implicit GEMM on tensor cores (mma.sync): tiles of the patch matrix gathered as they are loaded
   implicit_wgmma,  // the same GEMMs on Hopper's wgmma: a producer warpgroup gathers, two consumer warpgroups multiply
   implicit_tma,    // implicit_wgmma with each tap's tiles copied by TMA as boxes of the NHWC tensor (whole-row tiles)
   count
 };
 
-inline constexpr const char* kConv2dKernelNames[] = {"direct", "im2col", "implicit_mma", "implicit_wgmma",
-                                                     "implicit_tma"};
+inline constexpr const char* kConv2dKernelNames[] = {"direct",         "im2col",        "implicit_simt",
+                                                     "implicit_mma",   "implicit_wgmma", "implicit_tma"};
 static_assert(sizeof(kConv2dKernelNames) / sizeof(kConv2dKernelNames[0]) == static_cast<int>(Conv2dKernel::count));
 
 inline const char* conv2d_kernel_name(Conv2dKernel kernel) {

@@ -435,9 +435,11 @@ def test_conv2d_cuda_tf32(allow, monkeypatch):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32), ids=str)
 @pytest.mark.parametrize("variant", (*CONV2D_KERNELS, None), ids=str)
-def test_conv2d_stats_cuda(variant):
-    x, w, b, opts = case_args(CASES[4], torch.bfloat16, "cuda", x_layout="channels_last")
+def test_conv2d_stats_cuda(variant, dtype, monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # float32: implicit_simt is the default
+    x, w, b, opts = case_args(CASES[4], dtype, "cuda", x_layout="channels_last")
     try:
         out, s, ss = torchext.ops.conv2d_stats(x, w, b, kernel=variant, **opts)
     except ValueError as e:

@@ -15,7 +15,7 @@ import torchext  # noqa: F401  (registers the ops)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
 
-VARIANTS = (None, "direct", "im2col", "implicit_mma", "implicit_wgmma", "implicit_tma")
+VARIANTS = (None, "direct", "im2col", "implicit_simt", "implicit_mma", "implicit_wgmma", "implicit_tma")
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 LAYOUTS = ("nchw", "nhwc")
 
@@ -363,7 +363,8 @@ def test_conv2d_variant_names():
     w = torch.rand(4, 4, 3, 3, device="cuda")
     with pytest.raises(ValueError, match="'cpu' runs on CPU"):
         torch.ops.torchext.conv2d(x, w, None, [1, 1], [0, 0], [1, 1], 1, "none", "cpu")
-    with pytest.raises(ValueError, match="'direct', 'im2col', 'implicit_mma', 'implicit_wgmma', 'implicit_tma'"):
+    names = "'direct', 'im2col', 'implicit_simt', 'implicit_mma', 'implicit_wgmma', 'implicit_tma'"
+    with pytest.raises(ValueError, match=names):
         torch.ops.torchext.conv2d(x, w, None, [1, 1], [0, 0], [1, 1], 1, "none", "winograd")
     with pytest.raises(ValueError, match="does not support"):
         torch.ops.torchext.conv2d(

@@ -38,7 +38,7 @@ _ops = torch.ops.torchext
 
 CONV2D_ACTIVATIONS = ("none", "relu")
 # The CUDA ladder, slowest first (cuda_ops/conv2d_args.h); CPU tensors run "cpu".
-CONV2D_KERNELS = ("direct", "im2col", "implicit_mma", "implicit_wgmma", "implicit_tma")
+CONV2D_KERNELS = ("direct", "im2col", "implicit_simt", "implicit_mma", "implicit_wgmma", "implicit_tma")
 
 IntPair = Union[int, tuple[int, int], list[int]]
 

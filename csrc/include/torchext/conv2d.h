@@ -19,8 +19,8 @@
 namespace torchext {
 
 // The CUDA ladder, slowest first (cuda_ops/conv2d_args.h); CPU tensors run "cpu".
-inline constexpr const char* kConv2dKernels[] = {"direct", "im2col", "implicit_mma", "implicit_wgmma",
-                                                 "implicit_tma"};
+inline constexpr const char* kConv2dKernels[] = {"direct",       "im2col",         "implicit_simt",
+                                                 "implicit_mma", "implicit_wgmma", "implicit_tma"};
 
 // `kernel` names one rung of the CUDA ladder (kConv2dKernels; "cpu" on the CPU); nullopt picks the fastest that
 // supports the arguments (and is passed on to the backward).
