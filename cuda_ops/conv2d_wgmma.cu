@@ -26,6 +26,11 @@
 //     norm's per-channel sum and sum of squares of the stored values: a fixed tree over each warp's rows (shuffles),
 //     the 8 warps added in order through shared memory, one partial per (channel, tile) into the workspace, and the
 //     shared second kernel adds the tiles in order (deterministic).
+//   - implicit_tma's halo plan (stride 1, at most 64 output channels, one image per tile, Q a multiple of 8): a
+//     k-step loads the input window of one tap column s once, the tile's rows plus R - 1 more (one TMA box), with
+//     the weights of its R taps, and the R taps' A operands are that box from row r Q on (whole 1024-byte swizzle
+//     atoms). Where each tap's window was its own box, nine boxes of 256 rows became three of 320 at 32x32: the
+//     64-channel layers were L2-bound (docs/conv2d.md).
 //   - implicit_tma's backward_input: the stride phases' GEMMs (4 at stride 2, with 1 to 4 taps each) share one
 //     persistent launch (PhaseSet: each tile finds its phase's parameters and tensor maps), the phases with the
 //     longest k-loops first, where one launch per phase paid a pipeline fill and a tail for each short GEMM.
@@ -42,6 +47,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -64,13 +70,21 @@ constexpr int kThreads = 384;   // producer warpgroup + two consumer warpgroups
 constexpr int kConsumerWarps = 8;
 constexpr int kTileGroupM = 8;  // tile-rows walked together for L2 reuse
 
-template <int BN_>
+// implicit_tma's halo plan (stride 1, one image per tile, Q a multiple of 8): a stage holds the input window of one
+// tap column s for all R taps of it, one box of the tile's rows plus (R - 1) dil_h more (at most kHaloRowsA rows of
+// 128 bytes), and the weight rows of those R taps (at most kHaloTaps). Tap (r, s)'s A operand is that box from row
+// r dil_h Q on: a multiple of 8 rows, so it starts on a 1024-byte swizzle atom as every other operand does.
+constexpr int kHaloTaps = 3;
+constexpr int kHaloRowsA = 384;
+
+template <int BN_, bool kHalo = false>
 struct WgTile {
+  static_assert(!kHalo || BN_ == 64, "the halo plan runs 64-column tiles (run_tma_fprop says why)");
   static constexpr int BN = BN_;
-  static constexpr int kStages = BN == 64 ? 5 : 4;
-  static constexpr int kLag = kStages - 2;  // see the producer
-  static constexpr int kTileBytesA = kBM * kRowBytes;
-  static constexpr int kTileBytesB = BN * kRowBytes;
+  static constexpr int kStages = kHalo ? 3 : (BN == 64 ? 5 : 4);
+  static constexpr int kLag = kStages - 2;  // see the producer (cp.async only)
+  static constexpr int kTileBytesA = (kHalo ? kHaloRowsA : kBM) * kRowBytes;
+  static constexpr int kTileBytesB = (kHalo ? kHaloTaps : 1) * BN * kRowBytes;
   static constexpr int kStageBytes = kTileBytesA + kTileBytesB;
   static constexpr int kRowTableBytes = kBM * 16;                  // per row: x offset (int64), ih0, iw0
   static constexpr int kStatsBytes = 2 * kConsumerWarps * BN * 4;  // per warp: column sums, sums of squares
@@ -98,7 +112,9 @@ struct TmaBoxes {
   int tiles_m = 0;                      // ceil(N / box_n) tiles_p
   int images = 0, out_p = 0;            // N, P
   int chunks = 1, taps_s = 1;           // 64-channel chunks per tap, taps per kernel row
-  int num_kt = 0;                       // k-steps per tile: taps x chunks
+  int num_kt = 0;                       // k-steps per tile: taps x chunks (halo: tap columns x chunks)
+  int halo_r = 0;                       // halo plan: taps per column R, each a stage's k-step (0: no halo)
+  int halo_shift = 0;                   // halo plan: rows of the box from tap r to r + 1 (dil_h Q)
   int stride_h = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;
   uint32_t tx_bytes = 0;  // bytes each stage's two boxes deliver
   FastDivmod pix, q;      // tile row -> (image in the tile, pixel), pixel -> (row, column)
@@ -195,14 +211,16 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 2, 256
 
 // kTma: the A and B tiles come from TMA (implicit_tma: tile t's phase ph reads set.geo[ph] and maps.m[2 ph],
 // maps.m[2 ph + 1]); otherwise the producer warpgroup gathers them with cp.async (implicit_wgmma: one GEMM, set.p[0];
-// geo and the maps unused).
-template <typename T, int BN, bool kRelu, bool kStats, bool kTma, int kPhases>
+// geo and the maps unused). kHalo (implicit_tma, one GEMM): each stage is one tap column's halo box and its R taps'
+// weights (WgTile), so the input window is read once per column instead of once per tap.
+template <typename T, int BN, bool kRelu, bool kStats, bool kTma, int kPhases, bool kHalo = false>
 __global__ void __launch_bounds__(kThreads, 1)
     conv2d_wgmma_fprop_kernel(const __grid_constant__ PhaseSet<T, kPhases> set,
                               const __grid_constant__ TmaMaps<kPhases> maps) {
 #if defined(TORCHEXT_WGMMA_DEVICE)
   static_assert(kTma || kPhases == 1, "the cp.async producer runs one GEMM per launch");
-  using Cfg = WgTile<BN>;
+  static_assert(!kHalo || (kTma && kPhases == 1), "the halo plan is implicit_tma's, one GEMM per launch");
+  using Cfg = WgTile<BN, kHalo>;
   constexpr int kStages = Cfg::kStages, kLag = Cfg::kLag;
   extern __shared__ uint8_t smem_raw[];
   // 128-byte swizzling repeats every 1024 bytes and is computed from the address: stages start on 1024.
@@ -246,16 +264,32 @@ __global__ void __launch_bounds__(kThreads, 1)
         const CUtensorMap* map_a = &maps.m[2 * ph];
         const CUtensorMap* map_b = &maps.m[2 * ph + 1];
         int tap = 0, c0 = 0;
-        for (int kt = 0; kt < num_kt; ++kt) {
-          const int tr = tap / taps_s, ts = tap - tr * taps_s;
-          mbar_wait(&empty[s], phase ^ 1);
-          uint8_t* sa = smem + s * Cfg::kStageBytes;
-          mbar_arrive_expect_tx(&full[s], tx_bytes);
-          tma_load_4d(sa, map_a, &full[s], c0, ts * dil_w + w0, h0 + tr * dil_h, n0);
-          tma_load_3d(sa + Cfg::kTileBytesA, map_b, &full[s], c0, tap, bn0);
-          c0 += kBK;
-          if (c0 == c_end) c0 = 0, ++tap;
-          if (++s == kStages) s = 0, phase ^= 1;
+        if constexpr (kHalo) {
+          // k-step kt: tap column `tap` of chunk c0, its halo box and the weights of taps (r, tap), r < R.
+          const int taps_r = geo.halo_r;
+          for (int kt = 0; kt < num_kt; ++kt) {
+            mbar_wait(&empty[s], phase ^ 1);
+            uint8_t* sa = smem + s * Cfg::kStageBytes;
+            mbar_arrive_expect_tx(&full[s], tx_bytes);
+            tma_load_4d(sa, map_a, &full[s], c0, tap * dil_w + w0, h0, n0);
+            for (int r = 0; r < taps_r; ++r) {
+              tma_load_3d(sa + Cfg::kTileBytesA + r * BN * kRowBytes, map_b, &full[s], c0, r * taps_s + tap, bn0);
+            }
+            if (++tap == taps_s) tap = 0, c0 += kBK;
+            if (++s == kStages) s = 0, phase ^= 1;
+          }
+        } else {
+          for (int kt = 0; kt < num_kt; ++kt) {
+            const int tr = tap / taps_s, ts = tap - tr * taps_s;
+            mbar_wait(&empty[s], phase ^ 1);
+            uint8_t* sa = smem + s * Cfg::kStageBytes;
+            mbar_arrive_expect_tx(&full[s], tx_bytes);
+            tma_load_4d(sa, map_a, &full[s], c0, ts * dil_w + w0, h0 + tr * dil_h, n0);
+            tma_load_3d(sa + Cfg::kTileBytesA, map_b, &full[s], c0, tap, bn0);
+            c0 += kBK;
+            if (c0 == c_end) c0 = 0, ++tap;
+            if (++s == kStages) s = 0, phase ^= 1;
+          }
         }
       }
     }
@@ -363,6 +397,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       tile_of(t - first, p.tiles_m, p.tiles_n, tm, tn);
       const int bm0 = tm * kBM, bn0 = tn * BN;
       const int num_kt = kTma ? geo.num_kt : (p.k + kBK - 1) / kBK;
+      // Halo: tap r of the stage's column reads A from row r * halo_shift of the box, B from its r-th weight tile
+      // (descriptor units of 16 bytes).
+      const int taps_r = kHalo ? geo.halo_r : 1;
+      const uint32_t a_step = kHalo ? uint32_t(geo.halo_shift * kRowBytes) >> 4 : 0u;
 #pragma unroll
       for (int i = 0; i < kRegs; ++i) d0[i] = 0.f, d1[i] = 0.f;
       for (int kt = 0; kt < num_kt; ++kt) {
@@ -370,10 +408,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t so = uint32_t(stage * Cfg::kStageBytes) >> 4;
         wgmma_fence();
 #pragma unroll
-        for (int step = 0; step < kBK / 16; ++step) {  // 16 values = 32 bytes = 2 descriptor units per step
-          const uint64_t db = smem_desc(desc_b + so + 2 * step, kDescHi);
-          Mma::run(d0, smem_desc(desc_a0 + so + 2 * step, kDescHi), db);
-          Mma::run(d1, smem_desc(desc_a1 + so + 2 * step, kDescHi), db);
+        for (int r = 0; r < (kHalo ? kHaloTaps : 1); ++r) {
+          if (r < taps_r) {  // the same for the whole warpgroup
+            const uint32_t ao = so + r * a_step, bo = so + r * (uint32_t(BN * kRowBytes) >> 4);
+#pragma unroll
+            for (int step = 0; step < kBK / 16; ++step) {  // 16 values = 32 bytes = 2 descriptor units per step
+              const uint64_t db = smem_desc(desc_b + bo + 2 * step, kDescHi);
+              Mma::run(d0, smem_desc(desc_a0 + ao + 2 * step, kDescHi), db);
+              Mma::run(d1, smem_desc(desc_a1 + ao + 2 * step, kDescHi), db);
+            }
+          }
         }
         wgmma_commit();
         wgmma_wait<1>();  // this stage's wgmmas stay in flight; the previous stage's are done
@@ -480,12 +524,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Host side
 
 // Launches `count` (at most kPhases) GEMMs of `set` as one persistent grid; fills in their tile counts.
-template <typename T, int BN, bool kRelu, bool kStats, bool kTma, int kPhases>
+template <typename T, int BN, bool kRelu, bool kStats, bool kTma, int kPhases, bool kHalo = false>
 cudaError_t launch_wgmma_fprop(PhaseSet<T, kPhases> set, int count, const TmaMaps<kPhases>& maps,
                                cudaStream_t stream) {
-  constexpr auto kernel = conv2d_wgmma_fprop_kernel<T, BN, kRelu, kStats, kTma, kPhases>;
+  constexpr auto kernel = conv2d_wgmma_fprop_kernel<T, BN, kRelu, kStats, kTma, kPhases, kHalo>;
+  constexpr int kSmemBytes = WgTile<BN, kHalo>::kSmemBytes;
   if (count < 1 || count > kPhases) return cudaErrorInvalidValue;
-  cudaError_t err = prepare_kernel<kernel>(WgTile<BN>::kSmemBytes);
+  cudaError_t err = prepare_kernel<kernel>(kSmemBytes);
   if (err != cudaSuccess) return err;
   int64_t tiles = 0;
   for (int i = 0; i < kPhases; ++i) {
@@ -500,12 +545,12 @@ cudaError_t launch_wgmma_fprop(PhaseSet<T, kPhases> set, int count, const TmaMap
   }
   if (tiles == 0) return cudaSuccess;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sm_count()));
-  kernel<<<grid, kThreads, WgTile<BN>::kSmemBytes, stream>>>(set, maps);
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(set, maps);
   return cudaGetLastError();
 }
 
 // One GEMM with the epilogue's options, or (kPhases > 1: backward_input's phases) several without them.
-template <typename T, int BN, bool kTma, int kPhases>
+template <typename T, int BN, bool kTma, int kPhases, bool kHalo = false>
 cudaError_t launch_wgmma_fprop_bn(const PhaseSet<T, kPhases>& set, int count, const TmaMaps<kPhases>& maps, bool relu,
                                   bool stats, cudaStream_t stream) {
   if constexpr (kPhases > 1) {
@@ -513,11 +558,11 @@ cudaError_t launch_wgmma_fprop_bn(const PhaseSet<T, kPhases>& set, int count, co
     return launch_wgmma_fprop<T, BN, false, false, kTma, kPhases>(set, count, maps, stream);
   } else {
     if (stats) {
-      return relu ? launch_wgmma_fprop<T, BN, true, true, kTma, 1>(set, count, maps, stream)
-                  : launch_wgmma_fprop<T, BN, false, true, kTma, 1>(set, count, maps, stream);
+      return relu ? launch_wgmma_fprop<T, BN, true, true, kTma, 1, kHalo>(set, count, maps, stream)
+                  : launch_wgmma_fprop<T, BN, false, true, kTma, 1, kHalo>(set, count, maps, stream);
     }
-    return relu ? launch_wgmma_fprop<T, BN, true, false, kTma, 1>(set, count, maps, stream)
-                : launch_wgmma_fprop<T, BN, false, false, kTma, 1>(set, count, maps, stream);
+    return relu ? launch_wgmma_fprop<T, BN, true, false, kTma, 1, kHalo>(set, count, maps, stream)
+                : launch_wgmma_fprop<T, BN, false, false, kTma, 1, kHalo>(set, count, maps, stream);
   }
 }
 
@@ -534,11 +579,22 @@ cudaError_t run_wgmma_fprop(const FpropParams<T>& p, bool relu, bool stats, cuda
 // ---------------------------------------------------------------------------------------------------------------
 // implicit_tma's tensor maps
 
+// The halo plan is on unless TORCHEXT_CONV2D_HALO=0 (read at each launch: the tests compare both plans in one
+// process, and benchmarks/bench_conv2d.py times what the plan bought).
+inline bool halo_enabled() {
+  const char* v = std::getenv("TORCHEXT_CONV2D_HALO");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
 // A = the gathered tensor (p.g: n images of g.h x g.w pixels of C channels), read in boxes of {64 channels, Q
 // columns x stride_w, box_p rows x stride_h, box_n images} stepping by the stride; B = the weight, {C, taps, n
 // rows} with the tap's C values contiguous, read in boxes of {64, 1, BN}. Both 128-byte swizzled, zero-filled outside.
+//
+// With `halo` (one GEMM per launch, and halo_enabled()), the halo plan where the conditions below hold: A is read in
+// boxes of {64 channels, Q columns, box_p + (R - 1) dil_h rows, 1 image}, one per tap column (geo.halo_r = R), B as
+// before; geo.halo_r stays 0 otherwise.
 template <typename T>
-bool make_tma_maps(const FpropParams<T>& p, int bn, TmaBoxes& geo, CUtensorMap* maps) {
+bool make_tma_maps(const FpropParams<T>& p, int bn, TmaBoxes& geo, CUtensorMap* maps, bool halo = false) {
   auto encode = sm90::encode_tiled_fn();
   if (encode == nullptr) return false;
   const int64_t pq = p.g.pq.d, q = p.g.q.d, cg = p.g.c.d;
@@ -550,8 +606,18 @@ bool make_tma_maps(const FpropParams<T>& p, int bn, TmaBoxes& geo, CUtensorMap* 
   geo.num_kt = static_cast<int>(taps) * geo.chunks;
   geo.pad_h = p.g.pad_h, geo.pad_w = p.g.pad_w, geo.dil_h = p.g.dil_h, geo.dil_w = p.g.dil_w;
   geo.tx_bytes = static_cast<uint32_t>(kRowBytes * (geo.box_n * geo.box_p * geo.box_q + bn));
-
-  if (!encode_nhwc_map<T>(maps[0], p.g.x, cg, p.g.w, p.g.h, n, p.g.x_sw, p.g.x_sh, p.g.x_sn, geo.box_q, geo.box_p,
+  geo.halo_r = 0;
+  const int64_t taps_r = taps / geo.taps_s, halo_rows = geo.box_p + (taps_r - 1) * p.g.dil_h;
+  if (halo && halo_enabled() && p.g.stride_h == 1 && p.g.stride_w == 1 && geo.box_n == 1 && q % 8 == 0 &&
+      taps_r >= 2 && taps_r <= kHaloTaps && halo_rows * q <= kHaloRowsA &&
+      kBM - 1 + (taps_r - 1) * p.g.dil_h * q < kHaloRowsA) {  // the tile's last row at the last tap: in the box's room
+    geo.halo_r = static_cast<int>(taps_r);
+    geo.halo_shift = static_cast<int>(p.g.dil_h * q);
+    geo.num_kt = geo.taps_s * geo.chunks;
+    geo.tx_bytes = static_cast<uint32_t>(kRowBytes * (halo_rows * q + taps_r * bn));
+  }
+  const int box_h = geo.halo_r > 0 ? static_cast<int>(halo_rows) : geo.box_p;
+  if (!encode_nhwc_map<T>(maps[0], p.g.x, cg, p.g.w, p.g.h, n, p.g.x_sw, p.g.x_sh, p.g.x_sn, geo.box_q, box_h,
                           geo.box_n, p.g.stride_w, p.g.stride_h)) {
     return false;
   }
@@ -580,7 +646,13 @@ cudaError_t run_tma_fprop(const FpropParams<T>& p, bool relu, bool stats, cudaSt
   PhaseSet<T, 1> set;
   set.p[0] = p;
   TmaMaps<1> maps;
-  if (!make_tma_maps(p, bn, set.geo[0], maps.m)) return cudaErrorNotSupported;
+  // The halo plan for 64-column tiles only: with 128 columns a stage (the box and three 16 KiB weight tiles) leaves
+  // room for two stages, and on an H200 the 128 -> 128 layer at 16x16 ran slower so (99.7 against 83.1 us forward,
+  // benchmarks/results/conv2d_halo_bn128_trial_cifar_bf16_gpu_h200.csv), where 64 -> 64 at 32x32 ran faster
+  // (103.4 against 117.5).
+  const bool halo = bn == 64 && smem_optin() >= WgTile<64, true>::kSmemBytes;
+  if (!make_tma_maps(p, bn, set.geo[0], maps.m, halo)) return cudaErrorNotSupported;
+  if (set.geo[0].halo_r > 0) return launch_wgmma_fprop_bn<T, 64, true, 1, true>(set, 1, maps, relu, stats, stream);
   return bn == 64 ? launch_wgmma_fprop_bn<T, 64, true>(set, 1, maps, relu, stats, stream)
                   : launch_wgmma_fprop_bn<T, 128, true>(set, 1, maps, relu, stats, stream);
 }

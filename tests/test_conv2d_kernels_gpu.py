@@ -62,12 +62,21 @@ TMA_SHAPES = [
     (2, 96, 12, 13, 64, 5, 5, 2, 3, 1, 1),
     (1, 64, 6, 250, 64, 3, 3, 1, 1, 1, 1),
     (1, 64, 3, 300, 64, 3, 3, 1, 1, 1, 1),
+    # the halo plan (stride 1, at most 64 output channels, rows of a multiple of 8 pixels, one image per tile;
+    # HALO_SHAPES): two tiles of 10 rows of 24, dilation 2 with a partial last tile, 128 channels (two chunks), 2x2
+    (2, 64, 20, 24, 64, 3, 3, 1, 1, 1, 1),
+    (2, 64, 19, 16, 64, 3, 3, 1, 2, 2, 1),
+    (1, 128, 16, 16, 64, 3, 3, 1, 1, 1, 1),
+    (1, 64, 9, 17, 64, 2, 2, 1, 0, 1, 1),
 ]
 # Which of them implicit_tma's backward_weight takes (cuda_ops/conv2d_wgrad_tma.cu: at least 64 channels in and out,
 # R S ceil(C / 64) a multiple of 3, rows of at most 112 pixels): not the two 1x1, not the 5x5 over 96 channels (50
 # boxes), not the 250- and 300-wide rows.
-TMA_WGRAD = (True, True, True, False, False, True, False, False, False)
+TMA_WGRAD = (True, True, True, False, False, True, False, False, False, True, True, True, False)
 assert len(TMA_WGRAD) == len(TMA_SHAPES)
+# The shapes whose forward implicit_tma runs on its halo plan (cuda_ops/conv2d_wgmma.cu, make_tma_maps): the four
+# above, and ResNet-18's 64-channel 3x3 layer at 32x32 (its stride-1 input gradient too).
+HALO_SHAPES = TMA_SHAPES[-4:] + [RESNET_SHAPES[0]]
 
 
 @pytest.fixture(autouse=True)
@@ -283,6 +292,42 @@ def test_conv2d_tma_takes_its_shapes(si):
     else:
         with pytest.raises(ValueError, match="backward_weight needs"):
             op.conv2d_backward(g, x, w, st, pad, dil, groups, wgrad, "implicit_tma")
+
+
+@pytest.mark.parametrize("si", range(len(HALO_SHAPES)))
+def test_conv2d_tma_halo_plan(si, monkeypatch):
+    """implicit_tma's halo plan (each tap column's input window read once for its R taps) against its plan without
+    (TORCHEXT_CONV2D_HALO=0, read at each launch) and against float64: the forward with relu, conv2d_stats and the
+    stride-1 input gradient. The two plans add the taps in another order, so they agree to rounding, not bits."""
+    if not _is_sm90():
+        pytest.skip("implicit_tma needs an sm_90 GPU")
+    x, w, b, g, conv = _make(HALO_SHAPES[si], torch.bfloat16, "nhwc")
+    st, pad, dil, groups = _pair(conv["stride"]), _pair(conv["padding"]), _pair(conv["dilation"]), conv["groups"]
+    op = torch.ops.torchext
+
+    def run():
+        y = op.conv2d(x, w, b, st, pad, dil, groups, "relu", "implicit_tma")
+        out, s, sq = op.conv2d_stats(x, w, b, st, pad, dil, groups, "implicit_tma")
+        gx = None
+        if dil == [1, 1]:
+            gx = op.conv2d_backward(g, x, w, st, pad, dil, groups, [True, False, False], "implicit_tma")[0]
+        return y, out, s, sq, gx
+
+    halo = run()
+    monkeypatch.setenv("TORCHEXT_CONV2D_HALO", "0")
+    plain = run()
+    y64 = F.conv2d(x.double(), w.double(), b.double(), st, pad, dil, groups)
+    for name, got, other, ref in (("forward", halo[0], plain[0], y64.relu()), ("stats out", halo[1], plain[1], y64)):
+        err = (got.double() - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30)
+        assert err < 1e-2, f"{name}: halo plan error {err:.2e} against float64"
+        torch.testing.assert_close(got.float(), other.float(), rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+    torch.testing.assert_close(halo[2], plain[2], rtol=1e-3, atol=1e-2 * y64.abs().sum((0, 2, 3)).max().item())
+    torch.testing.assert_close(halo[3], plain[3], rtol=1e-3, atol=1e-3 * (y64 * y64).sum((0, 2, 3)).max().item())
+    if halo[4] is not None:
+        gx64 = torch.nn.grad.conv2d_input(x.shape, w.double(), g.double(), st, pad, dil, groups)
+        err = (halo[4].double() - gx64).abs().max().item() / gx64.abs().max().item()
+        assert err < 1e-2, f"input gradient: halo plan error {err:.2e} against float64"
+        torch.testing.assert_close(halo[4].float(), plain[4].float(), rtol=2e-2, atol=2e-2 * gx64.abs().max().item())
 
 
 @pytest.mark.parametrize("si", [len(RESNET_SHAPES) - 2, len(RESNET_SHAPES) - 1])
