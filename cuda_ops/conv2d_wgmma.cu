@@ -26,11 +26,11 @@
 //     norm's per-channel sum and sum of squares of the stored values: a fixed tree over each warp's rows (shuffles),
 //     the 8 warps added in order through shared memory, one partial per (channel, tile) into the workspace, and the
 //     shared second kernel adds the tiles in order (deterministic).
-//   - implicit_tma's halo plan (stride 1, at most 64 output channels, one image per tile, Q a multiple of 8): a
-//     k-step loads the input window of one tap column s once, the tile's rows plus R - 1 more (one TMA box), with
-//     the weights of its R taps, and the R taps' A operands are that box from row r Q on (whole 1024-byte swizzle
-//     atoms). Where each tap's window was its own box, nine boxes of 256 rows became three of 320 at 32x32: the
-//     64-channel layers were L2-bound (docs/conv2d.md).
+//   - implicit_tma's halo plan (stride 1, one image per tile, Q a multiple of 8): the input window of one tap column
+//     s is loaded once, the tile's rows plus R - 1 more (one TMA box), and the R taps' A operands are that box from
+//     row r Q on (whole 1024-byte swizzle atoms); boxes and weight tiles travel in two rings. Where each tap's
+//     window was its own box, nine boxes of 256 rows became three of 320 at 32x32: the 64-channel layers were
+//     L2-bound (docs/conv2d.md).
 //   - implicit_tma's backward_input: the stride phases' GEMMs (4 at stride 2, with 1 to 4 taps each) share one
 //     persistent launch (PhaseSet: each tile finds its phase's parameters and tensor maps), the phases with the
 //     longest k-loops first, where one launch per phase paid a pipeline fill and a tail for each short GEMM.
@@ -70,26 +70,28 @@ constexpr int kThreads = 384;   // producer warpgroup + two consumer warpgroups
 constexpr int kConsumerWarps = 8;
 constexpr int kTileGroupM = 8;  // tile-rows walked together for L2 reuse
 
-// implicit_tma's halo plan (stride 1, one image per tile, Q a multiple of 8): a stage holds the input window of one
-// tap column s for all R taps of it, one box of the tile's rows plus (R - 1) dil_h more (at most kHaloRowsA rows of
-// 128 bytes), and the weight rows of those R taps (at most kHaloTaps). Tap (r, s)'s A operand is that box from row
-// r dil_h Q on: a multiple of 8 rows, so it starts on a 1024-byte swizzle atom as every other operand does.
+// implicit_tma's halo plan (stride 1, one image per tile, Q a multiple of 8): the input window of one tap column s
+// for all R taps of it is one box of the tile's rows plus (R - 1) dil_h more (at most kHaloRowsA rows of 128
+// bytes), and tap (r, s)'s A operand is that box from row r dil_h Q on: a multiple of 8 rows, so it starts on a
+// 1024-byte swizzle atom as every other operand does. Boxes and weight tiles travel in two rings of their own (a box
+// serves R k-steps, a weight tile one): kAStages boxes, kBStages weight tiles.
 constexpr int kHaloTaps = 3;
 constexpr int kHaloRowsA = 384;
 
 template <int BN_, bool kHalo = false>
 struct WgTile {
-  static_assert(!kHalo || BN_ == 64, "the halo plan runs 64-column tiles (run_tma_fprop says why)");
   static constexpr int BN = BN_;
-  static constexpr int kStages = kHalo ? 3 : (BN == 64 ? 5 : 4);
+  static constexpr int kAStages = kHalo ? 3 : 0, kBStages = kHalo ? (BN == 64 ? 6 : 4) : 0;  // halo rings
+  static constexpr int kStages = kHalo ? kAStages + kBStages : (BN == 64 ? 5 : 4);  // barrier pairs
   static constexpr int kLag = kStages - 2;  // see the producer (cp.async only)
   static constexpr int kTileBytesA = (kHalo ? kHaloRowsA : kBM) * kRowBytes;
-  static constexpr int kTileBytesB = (kHalo ? kHaloTaps : 1) * BN * kRowBytes;
-  static constexpr int kStageBytes = kTileBytesA + kTileBytesB;
+  static constexpr int kTileBytesB = BN * kRowBytes;
+  static constexpr int kStageBytes = kTileBytesA + kTileBytesB;  // one ring (not halo)
+  static constexpr int kRingBytes = kHalo ? kAStages * kTileBytesA + kBStages * kTileBytesB : kStages * kStageBytes;
   static constexpr int kRowTableBytes = kBM * 16;                  // per row: x offset (int64), ih0, iw0
   static constexpr int kStatsBytes = 2 * kConsumerWarps * BN * 4;  // per warp: column sums, sums of squares
   static constexpr int kSmemBytes =
-      1024 /* alignment slack */ + kStages * kStageBytes + kRowTableBytes + kStatsBytes + 2 * kStages * 8;
+      1024 /* alignment slack */ + kRingBytes + kRowTableBytes + kStatsBytes + 2 * kStages * 8;
 };
 
 // Tile t of the persistent walk: kTileGroupM tile-rows at a time, column by column.
@@ -225,8 +227,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   // 128-byte swizzling repeats every 1024 bytes and is computed from the address: stages start on 1024.
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  int4* row_table = reinterpret_cast<int4*>(smem + kStages * Cfg::kStageBytes);
-  float* stats_buf = reinterpret_cast<float*>(smem + kStages * Cfg::kStageBytes + Cfg::kRowTableBytes);
+  int4* row_table = reinterpret_cast<int4*>(smem + Cfg::kRingBytes);
+  float* stats_buf = reinterpret_cast<float*>(smem + Cfg::kRingBytes + Cfg::kRowTableBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(stats_buf + 2 * kConsumerWarps * BN);
   uint64_t* empty = full + kStages;
   const int warpgroup = threadIdx.x / 128, tid = threadIdx.x % 128;
@@ -247,8 +249,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Producer, TMA: one thread issues each stage's two boxes (the tap's input window, the tap's weight rows).
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
     if (tid == 0) {
-      int s = 0;
-      uint32_t phase = 0;
+      int s = 0, sb = 0;  // sb: the halo plan's weight ring (s its box ring)
+      uint32_t phase = 0, phase_b = 0;
       for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         int first, tm, tn;
         const int ph = phase_of(set, t, first);
@@ -265,18 +267,23 @@ __global__ void __launch_bounds__(kThreads, 1)
         const CUtensorMap* map_b = &maps.m[2 * ph + 1];
         int tap = 0, c0 = 0;
         if constexpr (kHalo) {
-          // k-step kt: tap column `tap` of chunk c0, its halo box and the weights of taps (r, tap), r < R.
+          // Step kt: tap column `tap` of chunk c0: its box (tx_bytes) into the box ring, then the weights of taps
+          // (r, tap), r < R, into the weight ring (barriers kAStages on).
           const int taps_r = geo.halo_r;
+          uint8_t* const ring_b = smem + Cfg::kAStages * Cfg::kTileBytesA;
           for (int kt = 0; kt < num_kt; ++kt) {
             mbar_wait(&empty[s], phase ^ 1);
-            uint8_t* sa = smem + s * Cfg::kStageBytes;
             mbar_arrive_expect_tx(&full[s], tx_bytes);
-            tma_load_4d(sa, map_a, &full[s], c0, tap * dil_w + w0, h0, n0);
+            tma_load_4d(smem + s * Cfg::kTileBytesA, map_a, &full[s], c0, tap * dil_w + w0, h0, n0);
+            if (++s == Cfg::kAStages) s = 0, phase ^= 1;
             for (int r = 0; r < taps_r; ++r) {
-              tma_load_3d(sa + Cfg::kTileBytesA + r * BN * kRowBytes, map_b, &full[s], c0, r * taps_s + tap, bn0);
+              uint64_t* const fb = &full[Cfg::kAStages + sb];
+              mbar_wait(&empty[Cfg::kAStages + sb], phase_b ^ 1);
+              mbar_arrive_expect_tx(fb, Cfg::kTileBytesB);
+              tma_load_3d(ring_b + sb * Cfg::kTileBytesB, map_b, fb, c0, r * taps_s + tap, bn0);
+              if (++sb == Cfg::kBStages) sb = 0, phase_b ^= 1;
             }
             if (++tap == taps_s) tap = 0, c0 += kBK;
-            if (++s == kStages) s = 0, phase ^= 1;
           }
         } else {
           for (int kt = 0; kt < num_kt; ++kt) {
@@ -384,11 +391,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t stage0 = smem_addr(smem);
     const uint32_t desc_a0 = smem_desc_lo(stage0 + consumer * 128 * kRowBytes, 16);
     const uint32_t desc_a1 = smem_desc_lo(stage0 + (consumer * 128 + 64) * kRowBytes, 16);
-    const uint32_t desc_b = smem_desc_lo(stage0 + Cfg::kTileBytesA, 16);
+    // B: after the stage's A tile, or (halo) the weight ring after the box ring.
+    const uint32_t desc_b = smem_desc_lo(stage0 + (kHalo ? Cfg::kAStages : 1) * Cfg::kTileBytesA, 16);
     constexpr uint32_t kDescHi = smem_desc_hi(1024);
     float d0[kRegs], d1[kRegs];
     int stage = 0, prev_stage = 0;
     uint32_t phase = 0;
+    int stage_b = 0, held_a = -1, held_b = -1;  // halo: the weight ring's stage; stages the last group read
+    uint32_t phase_b = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
       int first, tm, tn;
       const int ph = phase_of(set, t, first);
@@ -397,36 +407,69 @@ __global__ void __launch_bounds__(kThreads, 1)
       tile_of(t - first, p.tiles_m, p.tiles_n, tm, tn);
       const int bm0 = tm * kBM, bn0 = tn * BN;
       const int num_kt = kTma ? geo.num_kt : (p.k + kBK - 1) / kBK;
-      // Halo: tap r of the stage's column reads A from row r * halo_shift of the box, B from its r-th weight tile
-      // (descriptor units of 16 bytes).
-      const int taps_r = kHalo ? geo.halo_r : 1;
-      const uint32_t a_step = kHalo ? uint32_t(geo.halo_shift * kRowBytes) >> 4 : 0u;
 #pragma unroll
       for (int i = 0; i < kRegs; ++i) d0[i] = 0.f, d1[i] = 0.f;
-      for (int kt = 0; kt < num_kt; ++kt) {
-        mbar_wait(&full[stage], phase);
-        const uint32_t so = uint32_t(stage * Cfg::kStageBytes) >> 4;
-        wgmma_fence();
+      if constexpr (kHalo) {
+        // Step kt: the box of one tap column, then one wgmma group per tap r of it: A from row r halo_shift of the
+        // box, B from the weight ring (descriptor units of 16 bytes). After each group, wgmma_wait<1> says the group
+        // before it is done, so the weight tile it read goes back, and at r == 0 the box of the step before.
+        const int taps_r = geo.halo_r;
+        const uint32_t a_step = uint32_t(geo.halo_shift * kRowBytes) >> 4;
+        for (int kt = 0; kt < num_kt; ++kt) {
+          mbar_wait(&full[stage], phase);
+          const uint32_t ao = uint32_t(stage * Cfg::kTileBytesA) >> 4;
 #pragma unroll
-        for (int r = 0; r < (kHalo ? kHaloTaps : 1); ++r) {
-          if (r < taps_r) {  // the same for the whole warpgroup
-            const uint32_t ao = so + r * a_step, bo = so + r * (uint32_t(BN * kRowBytes) >> 4);
+          for (int r = 0; r < kHaloTaps; ++r) {
+            if (r < taps_r) {  // the same for the whole warpgroup
+              mbar_wait(&full[Cfg::kAStages + stage_b], phase_b);
+              const uint32_t bo = uint32_t(stage_b * Cfg::kTileBytesB) >> 4, a = ao + r * a_step;
+              wgmma_fence();
 #pragma unroll
-            for (int step = 0; step < kBK / 16; ++step) {  // 16 values = 32 bytes = 2 descriptor units per step
-              const uint64_t db = smem_desc(desc_b + bo + 2 * step, kDescHi);
-              Mma::run(d0, smem_desc(desc_a0 + ao + 2 * step, kDescHi), db);
-              Mma::run(d1, smem_desc(desc_a1 + ao + 2 * step, kDescHi), db);
+              for (int step = 0; step < kBK / 16; ++step) {  // 16 values = 32 bytes = 2 descriptor units per step
+                const uint64_t db = smem_desc(desc_b + bo + 2 * step, kDescHi);
+                Mma::run(d0, smem_desc(desc_a0 + a + 2 * step, kDescHi), db);
+                Mma::run(d1, smem_desc(desc_a1 + a + 2 * step, kDescHi), db);
+              }
+              wgmma_commit();
+              wgmma_wait<1>();
+              if (lane == 0) {
+                if (held_b >= 0) mbar_arrive(&empty[Cfg::kAStages + held_b]);
+                if (r == 0 && held_a >= 0) mbar_arrive(&empty[held_a]);
+              }
+              if (r == 0) held_a = -1;
+              held_b = stage_b;
+              if (++stage_b == Cfg::kBStages) stage_b = 0, phase_b ^= 1;
             }
           }
+          held_a = stage;
+          if (++stage == Cfg::kAStages) stage = 0, phase ^= 1;
         }
-        wgmma_commit();
-        wgmma_wait<1>();  // this stage's wgmmas stay in flight; the previous stage's are done
-        if (kt > 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
-        prev_stage = stage;
-        if (++stage == kStages) stage = 0, phase ^= 1;
+        wgmma_wait<0>();
+        if (lane == 0) {
+          if (held_b >= 0) mbar_arrive(&empty[Cfg::kAStages + held_b]);
+          if (held_a >= 0) mbar_arrive(&empty[held_a]);
+        }
+        held_a = held_b = -1;
+      } else {
+        for (int kt = 0; kt < num_kt; ++kt) {
+          mbar_wait(&full[stage], phase);
+          const uint32_t so = uint32_t(stage * Cfg::kStageBytes) >> 4;
+          wgmma_fence();
+#pragma unroll
+          for (int step = 0; step < kBK / 16; ++step) {  // 16 values = 32 bytes = 2 descriptor units per step
+            const uint64_t db = smem_desc(desc_b + so + 2 * step, kDescHi);
+            Mma::run(d0, smem_desc(desc_a0 + so + 2 * step, kDescHi), db);
+            Mma::run(d1, smem_desc(desc_a1 + so + 2 * step, kDescHi), db);
+          }
+          wgmma_commit();
+          wgmma_wait<1>();  // this stage's wgmmas stay in flight; the previous stage's are done
+          if (kt > 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
+          prev_stage = stage;
+          if (++stage == kStages) stage = 0, phase ^= 1;
+        }
+        wgmma_wait<0>();
+        if (num_kt > 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
       }
-      wgmma_wait<0>();
-      if (num_kt > 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
       fence_registers(d0);
       fence_registers(d1);
 
@@ -614,7 +657,7 @@ bool make_tma_maps(const FpropParams<T>& p, int bn, TmaBoxes& geo, CUtensorMap* 
     geo.halo_r = static_cast<int>(taps_r);
     geo.halo_shift = static_cast<int>(p.g.dil_h * q);
     geo.num_kt = geo.taps_s * geo.chunks;
-    geo.tx_bytes = static_cast<uint32_t>(kRowBytes * (halo_rows * q + taps_r * bn));
+    geo.tx_bytes = static_cast<uint32_t>(kRowBytes * halo_rows * q);  // the box (weight tiles: their own ring)
   }
   const int box_h = geo.halo_r > 0 ? static_cast<int>(halo_rows) : geo.box_p;
   if (!encode_nhwc_map<T>(maps[0], p.g.x, cg, p.g.w, p.g.h, n, p.g.x_sw, p.g.x_sh, p.g.x_sn, geo.box_q, box_h,
@@ -646,13 +689,17 @@ cudaError_t run_tma_fprop(const FpropParams<T>& p, bool relu, bool stats, cudaSt
   PhaseSet<T, 1> set;
   set.p[0] = p;
   TmaMaps<1> maps;
-  // The halo plan for 64-column tiles only: with 128 columns a stage (the box and three 16 KiB weight tiles) leaves
-  // room for two stages, and on an H200 the 128 -> 128 layer at 16x16 ran slower so (99.7 against 83.1 us forward,
-  // benchmarks/results/conv2d_halo_bn128_trial_cifar_bf16_gpu_h200.csv), where 64 -> 64 at 32x32 ran faster
-  // (103.4 against 117.5).
-  const bool halo = bn == 64 && smem_optin() >= WgTile<64, true>::kSmemBytes;
+  // The halo plan where its rings fit in shared memory (they do on an H100 / H200). Measured on an H200
+  // (benchmarks/results/conv2d_halo_rings_cifar_bf16_gpu_h200.md, and _off_ with TORCHEXT_CONV2D_HALO=0 in the same
+  // call): 64 -> 64 at 32x32 forward 118.7 -> 104.7 us, 128 -> 128 at 16x16 82.9 -> 81.4. A first form with one
+  // ring (a stage: the box and its R weight tiles) ran 128-column tiles slower (99.7 against 83.1 us: only two such
+  // stages fit; conv2d_halo_bn128_trial_cifar_bf16_gpu_h200.csv).
+  const bool halo = smem_optin() >= (bn == 64 ? WgTile<64, true>::kSmemBytes : WgTile<128, true>::kSmemBytes);
   if (!make_tma_maps(p, bn, set.geo[0], maps.m, halo)) return cudaErrorNotSupported;
-  if (set.geo[0].halo_r > 0) return launch_wgmma_fprop_bn<T, 64, true, 1, true>(set, 1, maps, relu, stats, stream);
+  if (set.geo[0].halo_r > 0) {
+    return bn == 64 ? launch_wgmma_fprop_bn<T, 64, true, 1, true>(set, 1, maps, relu, stats, stream)
+                    : launch_wgmma_fprop_bn<T, 128, true, 1, true>(set, 1, maps, relu, stats, stream);
+  }
   return bn == 64 ? launch_wgmma_fprop_bn<T, 64, true>(set, 1, maps, relu, stats, stream)
                   : launch_wgmma_fprop_bn<T, 128, true>(set, 1, maps, relu, stats, stream);
 }

@@ -62,21 +62,23 @@ TMA_SHAPES = [
     (2, 96, 12, 13, 64, 5, 5, 2, 3, 1, 1),
     (1, 64, 6, 250, 64, 3, 3, 1, 1, 1, 1),
     (1, 64, 3, 300, 64, 3, 3, 1, 1, 1, 1),
-    # the halo plan (stride 1, at most 64 output channels, rows of a multiple of 8 pixels, one image per tile;
-    # HALO_SHAPES): two tiles of 10 rows of 24, dilation 2 with a partial last tile, 128 channels (two chunks), 2x2
+    # the halo plan (stride 1, rows of a multiple of 8 pixels, one image per tile; HALO_SHAPES): two tiles of 10 rows
+    # of 24, dilation 2 with a partial last tile, 128 channels (two chunks), 128 into 72 (128-column tiles, weight rows
+    # past K), a 2x2 kernel
     (2, 64, 20, 24, 64, 3, 3, 1, 1, 1, 1),
     (2, 64, 19, 16, 64, 3, 3, 1, 2, 2, 1),
     (1, 128, 16, 16, 64, 3, 3, 1, 1, 1, 1),
+    (1, 128, 16, 16, 72, 3, 3, 1, 1, 1, 1),
     (1, 64, 9, 17, 64, 2, 2, 1, 0, 1, 1),
 ]
 # Which of them implicit_tma's backward_weight takes (cuda_ops/conv2d_wgrad_tma.cu: at least 64 channels in and out,
 # R S ceil(C / 64) a multiple of 3, rows of at most 112 pixels): not the two 1x1, not the 5x5 over 96 channels (50
 # boxes), not the 250- and 300-wide rows.
-TMA_WGRAD = (True, True, True, False, False, True, False, False, False, True, True, True, False)
+TMA_WGRAD = (True, True, True, False, False, True, False, False, False, True, True, True, True, False)
 assert len(TMA_WGRAD) == len(TMA_SHAPES)
-# The shapes whose forward implicit_tma runs on its halo plan (cuda_ops/conv2d_wgmma.cu, make_tma_maps): the four
-# above, and ResNet-18's 64-channel 3x3 layer at 32x32 (its stride-1 input gradient too).
-HALO_SHAPES = TMA_SHAPES[-4:] + [RESNET_SHAPES[0]]
+# The shapes whose forward implicit_tma runs on its halo plan (cuda_ops/conv2d_wgmma.cu, make_tma_maps): the five
+# above, and ResNet-18's 3x3 layers at 32x32 and 16x16 (their stride-1 input gradients too).
+HALO_SHAPES = TMA_SHAPES[-5:] + [RESNET_SHAPES[0], (4, 128, 16, 16, 128, 3, 3, 1, 1, 1, 1)]
 
 
 @pytest.fixture(autouse=True)
