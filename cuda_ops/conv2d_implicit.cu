@@ -453,59 +453,13 @@ bool conv2d_implicit_supported(Conv2dPass pass, const Conv2dArgs<T>& a, const ch
   if constexpr (std::is_same_v<T, double>) {
     return fail("implicit_mma: float64 has no tensor-core path (bf16, fp16, or float32 as tf32)");
   } else {
-    const Conv2dShape& sh = a.shape;
     if (std::is_same_v<T, float> && !a.allow_tf32) {
       return fail("implicit_mma: float32 runs on tensor cores only as tf32, and tf32 is off for convolutions "
                   "(torch.backends.cudnn.allow_tf32)");
     }
     if (compute_capability() < 80) return fail("implicit_mma: needs a GPU of compute capability 8.0 or newer");
     if (smem_optin() < Tile128x128::kSmemBytes) return fail("implicit_mma: the device has too little shared memory");
-    if (sh.groups != 1) return fail("implicit_mma: groups > 1 is not supported (the direct version runs them)");
-    constexpr int64_t kMax = INT_MAX / 2;
-    if (sh.n * sh.p * sh.q > kMax || sh.n * sh.h * sh.w > kMax || sh.r * sh.s * sh.c > kMax ||
-        sh.r * sh.s * sh.k > kMax || sh.k > kMax || sh.c > kMax) {
-      return fail("implicit_mma: sizes must stay below 2^30 rows and columns");
-    }
-    if (sh.h + 2 * sh.pad_h > kMax || sh.w + 2 * sh.pad_w > kMax) return fail("implicit_mma: image too large");
-    switch (pass) {
-      case Conv2dPass::forward: {
-        if (!chunk_ready(a.x, sh.c)) {
-          return fail("implicit_mma: the input must be channels-last with a channel count that is a multiple of 8 "
-                      "(bf16/fp16) or 4 (float32), 16-byte aligned");
-        }
-        constexpr int64_t kElems = 16 / sizeof(T);
-        const bool krsc = (a.w.sc == 1 || sh.c <= 1) && (a.w.sw == sh.c || sh.s <= 1) &&
-                          (a.w.sh == sh.s * sh.c || sh.r <= 1) && a.w.sn % kElems == 0 && aligned_to(a.w.data, 16);
-        if (!krsc) return fail("implicit_mma: the weight must be channels-last (K, R, S, C), 16-byte aligned");
-        if (a.y.sc != 1 && sh.k > 1) return fail("implicit_mma: the output must be channels-last");
-        if (a.act != Activation::none && a.act != Activation::relu) {
-          return fail("implicit_mma: the epilogue's activation must be none or relu");
-        }
-        return true;
-      }
-      case Conv2dPass::backward_input:
-        if (sh.dil_h != 1 || sh.dil_w != 1) return fail("implicit_mma: backward_input needs dilation 1");
-        if (!chunk_ready(a.y, sh.k)) {
-          return fail("implicit_mma: grad_output must be channels-last with a channel count that is a multiple of 8 "
-                      "(bf16/fp16) or 4 (float32), 16-byte aligned");
-        }
-        if (a.x.sc != 1 && sh.c > 1) return fail("implicit_mma: grad_input must be channels-last");
-        return true;
-      case Conv2dPass::backward_weight: {
-        if (!chunk_ready(a.x, sh.c)) {
-          return fail("implicit_mma: the input must be channels-last with a channel count that is a multiple of 8 "
-                      "(bf16/fp16) or 4 (float32), 16-byte aligned");
-        }
-        const bool dense = chunk_ready(a.y, sh.k) && (a.y.sw == sh.k || sh.q <= 1) &&
-                           (a.y.sh == sh.q * sh.k || sh.p <= 1) && (a.y.sn == sh.p * sh.q * sh.k || sh.n <= 1);
-        if (!dense) return fail("implicit_mma: backward_weight needs grad_output dense channels-last");
-        const bool krsc = (a.w.sc == 1 || sh.c <= 1) && (a.w.sw == sh.c || sh.s <= 1) &&
-                          (a.w.sh == sh.s * sh.c || sh.r <= 1);
-        if (!krsc) return fail("implicit_mma: grad_weight must be channels-last (K, R, S, C)");
-        return true;
-      }
-    }
-    return fail("implicit_mma: unknown pass");
+    return implicit_operands_supported(pass, a, why);
   }
 }
 

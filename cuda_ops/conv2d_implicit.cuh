@@ -238,6 +238,66 @@ bool chunk_ready(const Tensor4<T>& t, int64_t channels) {
 
 size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 
+// What the drivers below need of the operands, for each rung that runs them (implicit_simt, implicit_mma, and the
+// wgmma rungs through implicit_mma's check): groups 1, sizes below 2^30, channels-last activations whose channel rows
+// are whole 16-byte chunks (chunk_ready), KRSC weights (16-byte aligned rows in the forward), the forward's
+// activation none or relu, dilation 1 in backward_input, grad_output dense in backward_weight. False with the reason
+// in `why` (without a rung's name: the op layer names the variant) otherwise.
+template <typename T>
+bool implicit_operands_supported(Conv2dPass pass, const Conv2dArgs<T>& a, const char** why) {
+  auto fail = [why](const char* reason) {
+    if (why != nullptr) *why = reason;
+    return false;
+  };
+  const Conv2dShape& sh = a.shape;
+  if (sh.groups != 1) return fail("groups > 1 is not supported (the direct version runs them)");
+  constexpr int64_t kMax = INT_MAX / 2;
+  if (sh.n * sh.p * sh.q > kMax || sh.n * sh.h * sh.w > kMax || sh.r * sh.s * sh.c > kMax ||
+      sh.r * sh.s * sh.k > kMax || sh.k > kMax || sh.c > kMax) {
+    return fail("sizes must stay below 2^30 rows and columns");
+  }
+  if (sh.h + 2 * sh.pad_h > kMax || sh.w + 2 * sh.pad_w > kMax) return fail("image too large");
+  const bool krsc =
+      (a.w.sc == 1 || sh.c <= 1) && (a.w.sw == sh.c || sh.s <= 1) && (a.w.sh == sh.s * sh.c || sh.r <= 1);
+  switch (pass) {
+    case Conv2dPass::forward: {
+      if (!chunk_ready(a.x, sh.c)) {
+        return fail("the input must be channels-last with a channel count that is a multiple of 8 (bf16/fp16) or 4 "
+                    "(float32), 16-byte aligned");
+      }
+      constexpr int64_t kElems = 16 / sizeof(T);
+      if (!krsc || a.w.sn % kElems != 0 || !aligned_to(a.w.data, 16)) {
+        return fail("the weight must be channels-last (K, R, S, C), 16-byte aligned");
+      }
+      if (a.y.sc != 1 && sh.k > 1) return fail("the output must be channels-last");
+      if (a.act != Activation::none && a.act != Activation::relu) {
+        return fail("the epilogue's activation must be none or relu");
+      }
+      return true;
+    }
+    case Conv2dPass::backward_input:
+      if (sh.dil_h != 1 || sh.dil_w != 1) return fail("backward_input needs dilation 1");
+      if (!chunk_ready(a.y, sh.k)) {
+        return fail("grad_output must be channels-last with a channel count that is a multiple of 8 (bf16/fp16) or 4 "
+                    "(float32), 16-byte aligned");
+      }
+      if (a.x.sc != 1 && sh.c > 1) return fail("grad_input must be channels-last");
+      return true;
+    case Conv2dPass::backward_weight: {
+      if (!chunk_ready(a.x, sh.c)) {
+        return fail("the input must be channels-last with a channel count that is a multiple of 8 (bf16/fp16) or 4 "
+                    "(float32), 16-byte aligned");
+      }
+      const bool dense = chunk_ready(a.y, sh.k) && (a.y.sw == sh.k || sh.q <= 1) &&
+                         (a.y.sh == sh.q * sh.k || sh.p <= 1) && (a.y.sn == sh.p * sh.q * sh.k || sh.n <= 1);
+      if (!dense) return fail("backward_weight needs grad_output dense channels-last");
+      if (!krsc) return fail("grad_weight must be channels-last (K, R, S, C)");
+      return true;
+    }
+  }
+  return fail("unknown pass");
+}
+
 // The gathered operand for the forward and the weight gradient: x itself, with the convolution's geometry.
 template <typename T>
 Gather<T> input_gather(const Conv2dArgs<T>& a) {

@@ -193,13 +193,18 @@ struct WgradGatherLoader {
   __device__ __forceinline__ void wait() const { cp_async_wait_all(); }
 };
 
-// The thread's place in the block tile (tiled_gemm's): first row and column of its patches.
+// The thread's place in the block tile (tiled_gemm's): first row and column of its patches; its accumulators zeroed.
 template <class C>
-__device__ __forceinline__ void thread_offsets(int& a_off, int& b_off) {
+__device__ __forceinline__ void thread_start(int& a_off, int& b_off, float (&acc)[C::TM][C::TN]) {
   const int tid = threadIdx.x;
   const int group = tid / (C::TGM * C::TGN), lane = tid % (C::TGM * C::TGN);
   a_off = group / C::GROUPS_N * C::GM + lane / C::TGN * C::VW;
   b_off = group % C::GROUPS_N * C::GN + lane % C::TGN * C::VW;
+#pragma unroll
+  for (int i = 0; i < C::TM; ++i) {
+#pragma unroll
+    for (int j = 0; j < C::TN; ++j) acc[i][j] = 0.f;
+  }
 }
 
 // Accumulator (i, j) of the thread holds tile row a_off + (i / VW) TGM VW + i % VW, column b_off + (j / VW) TGN VW
@@ -248,13 +253,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
   AsyncTransposeLoader<float, C::BN, C::BK, C::THREADS, C::LDB> lb;
   lb.init(p.wt + n0 * p.w_lead, p.w_lead, 1, min(p.n - n0, C::BN));
   int a_off, b_off;
-  thread_offsets<C>(a_off, b_off);
   float acc[C::TM][C::TN];
-#pragma unroll
-  for (int i = 0; i < C::TM; ++i) {
-#pragma unroll
-    for (int j = 0; j < C::TN; ++j) acc[i][j] = 0.f;
-  }
+  thread_start<C>(a_off, b_off, acc);
   const int64_t ktiles = (p.k + C::BK - 1) / C::BK;
   simt_k_loop<C>(la, lb, smem, ktiles, static_cast<int>(p.k - (ktiles - 1) * C::BK), a_off, b_off, acc);
 
@@ -307,13 +307,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
   AsyncRowLoader<float, C::BN, C::BK, C::THREADS, C::LDB> lb;
   lb.init(p.dy + kb * p.dy_lead + n0, 1, p.dy_lead, min(gn - n0, C::BN));
   int a_off, b_off;
-  thread_offsets<C>(a_off, b_off);
   float acc[C::TM][C::TN];
-#pragma unroll
-  for (int i = 0; i < C::TM; ++i) {
-#pragma unroll
-    for (int j = 0; j < C::TN; ++j) acc[i][j] = 0.f;
-  }
+  thread_start<C>(a_off, b_off, acc);
   const int64_t ktiles = (klen + C::BK - 1) / C::BK;
   simt_k_loop<C>(la, lb, smem, ktiles, static_cast<int>(klen - (ktiles - 1) * C::BK), a_off, b_off, acc);
 
@@ -447,56 +442,11 @@ bool conv2d_simt_supported(Conv2dPass pass, const Conv2dArgs<T>& a, const char**
     return fail("implicit_simt: float32 only (bf16 / fp16 run on the tensor-core versions, float64 on direct and "
                 "im2col)");
   } else {
-    const Conv2dShape& sh = a.shape;
     if (compute_capability() < 80) return fail("implicit_simt: needs a GPU of compute capability 8.0 or newer");
     if (smem_optin() < FpropSmem<SimtTall>::BYTES) {
       return fail("implicit_simt: the device has too little shared memory");
     }
-    if (sh.groups != 1) return fail("implicit_simt: groups > 1 is not supported (the direct version runs them)");
-    constexpr int64_t kMax = INT_MAX / 2;
-    if (sh.n * sh.p * sh.q > kMax || sh.n * sh.h * sh.w > kMax || sh.r * sh.s * sh.c > kMax ||
-        sh.r * sh.s * sh.k > kMax || sh.k > kMax || sh.c > kMax) {
-      return fail("implicit_simt: sizes must stay below 2^30 rows and columns");
-    }
-    if (sh.h + 2 * sh.pad_h > kMax || sh.w + 2 * sh.pad_w > kMax ||
-        (sh.r - 1) * sh.dil_h + sh.h > kMax || (sh.s - 1) * sh.dil_w + sh.w > kMax) {
-      return fail("implicit_simt: image too large");
-    }
-    const bool krsc = (a.w.sc == 1 || sh.c <= 1) && (a.w.sw == sh.c || sh.s <= 1) &&
-                      (a.w.sh == sh.s * sh.c || sh.r <= 1);
-    switch (pass) {
-      case Conv2dPass::forward:
-        if (!chunk_ready(a.x, sh.c)) {
-          return fail("implicit_simt: the input must be channels-last with a channel count that is a multiple of 4, "
-                      "16-byte aligned");
-        }
-        if (!krsc) return fail("implicit_simt: the weight must be channels-last (K, R, S, C)");
-        if (a.y.sc != 1 && sh.k > 1) return fail("implicit_simt: the output must be channels-last");
-        if (a.act != Activation::none && a.act != Activation::relu) {
-          return fail("implicit_simt: the epilogue's activation must be none or relu");
-        }
-        return true;
-      case Conv2dPass::backward_input:
-        if (sh.dil_h != 1 || sh.dil_w != 1) return fail("implicit_simt: backward_input needs dilation 1");
-        if (!chunk_ready(a.y, sh.k)) {
-          return fail("implicit_simt: grad_output must be channels-last with a channel count that is a multiple of "
-                      "4, 16-byte aligned");
-        }
-        if (a.x.sc != 1 && sh.c > 1) return fail("implicit_simt: grad_input must be channels-last");
-        return true;
-      case Conv2dPass::backward_weight: {
-        if (!chunk_ready(a.x, sh.c)) {
-          return fail("implicit_simt: the input must be channels-last with a channel count that is a multiple of 4, "
-                      "16-byte aligned");
-        }
-        const bool dense = chunk_ready(a.y, sh.k) && (a.y.sw == sh.k || sh.q <= 1) &&
-                           (a.y.sh == sh.q * sh.k || sh.p <= 1) && (a.y.sn == sh.p * sh.q * sh.k || sh.n <= 1);
-        if (!dense) return fail("implicit_simt: backward_weight needs grad_output dense channels-last");
-        if (!krsc) return fail("implicit_simt: grad_weight must be channels-last (K, R, S, C)");
-        return true;
-      }
-    }
-    return fail("implicit_simt: unknown pass");
+    return implicit_operands_supported(pass, a, why);  // implicit_mma's operands: the same drivers
   }
 }
 

@@ -409,6 +409,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int num_kt = kTma ? geo.num_kt : (p.k + kBK - 1) / kBK;
 #pragma unroll
       for (int i = 0; i < kRegs; ++i) d0[i] = 0.f, d1[i] = 0.f;
+      // One k-step's wgmmas, committed as a group: A at `a`, B at `b` descriptor units (16 bytes) past the first
+      // stage's A tile and B (weight) tile.
+      auto k_step = [&](uint32_t a, uint32_t b) {
+        wgmma_fence();
+#pragma unroll
+        for (int step = 0; step < kBK / 16; ++step) {  // 16 values = 32 bytes = 2 descriptor units per step
+          const uint64_t db = smem_desc(desc_b + b + 2 * step, kDescHi);
+          Mma::run(d0, smem_desc(desc_a0 + a + 2 * step, kDescHi), db);
+          Mma::run(d1, smem_desc(desc_a1 + a + 2 * step, kDescHi), db);
+        }
+        wgmma_commit();
+      };
       if constexpr (kHalo) {
         // Step kt: the box of one tap column, then one wgmma group per tap r of it: A from row r halo_shift of the
         // box, B from the weight ring (descriptor units of 16 bytes). After each group, wgmma_wait<1> says the group
@@ -422,15 +434,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int r = 0; r < kHaloTaps; ++r) {
             if (r < taps_r) {  // the same for the whole warpgroup
               mbar_wait(&full[Cfg::kAStages + stage_b], phase_b);
-              const uint32_t bo = uint32_t(stage_b * Cfg::kTileBytesB) >> 4, a = ao + r * a_step;
-              wgmma_fence();
-#pragma unroll
-              for (int step = 0; step < kBK / 16; ++step) {  // 16 values = 32 bytes = 2 descriptor units per step
-                const uint64_t db = smem_desc(desc_b + bo + 2 * step, kDescHi);
-                Mma::run(d0, smem_desc(desc_a0 + a + 2 * step, kDescHi), db);
-                Mma::run(d1, smem_desc(desc_a1 + a + 2 * step, kDescHi), db);
-              }
-              wgmma_commit();
+              k_step(ao + r * a_step, uint32_t(stage_b * Cfg::kTileBytesB) >> 4);
               wgmma_wait<1>();
               if (lane == 0) {
                 if (held_b >= 0) mbar_arrive(&empty[Cfg::kAStages + held_b]);
@@ -454,14 +458,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kt = 0; kt < num_kt; ++kt) {
           mbar_wait(&full[stage], phase);
           const uint32_t so = uint32_t(stage * Cfg::kStageBytes) >> 4;
-          wgmma_fence();
-#pragma unroll
-          for (int step = 0; step < kBK / 16; ++step) {  // 16 values = 32 bytes = 2 descriptor units per step
-            const uint64_t db = smem_desc(desc_b + so + 2 * step, kDescHi);
-            Mma::run(d0, smem_desc(desc_a0 + so + 2 * step, kDescHi), db);
-            Mma::run(d1, smem_desc(desc_a1 + so + 2 * step, kDescHi), db);
-          }
-          wgmma_commit();
+          k_step(so, so);
           wgmma_wait<1>();  // this stage's wgmmas stay in flight; the previous stage's are done
           if (kt > 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
           prev_stage = stage;
