@@ -12,8 +12,21 @@
 #include "conv2d.h"
 
 namespace torchext {
-
 namespace {
+
+// The public header's list of the CUDA ladder's names (for LibTorch programs, without the engine's headers) must be
+// the engine's (cuda_ops/conv2d_args.h, through conv2d.h): checked here, at compile time.
+constexpr bool same_name(const char* a, const char* b) { return *a == *b && (*a == '\0' || same_name(a + 1, b + 1)); }
+constexpr bool same_kernel_names() {
+  constexpr size_t n = sizeof(kConv2dKernels) / sizeof(kConv2dKernels[0]);
+  if (n != sizeof(cuda_ops::kConv2dKernelNames) / sizeof(cuda_ops::kConv2dKernelNames[0])) return false;
+  for (size_t i = 0; i < n; ++i) {
+    if (!same_name(kConv2dKernels[i], cuda_ops::kConv2dKernelNames[i])) return false;
+  }
+  return true;
+}
+static_assert(same_kernel_names(), "torchext::kConv2dKernels (csrc/include/torchext/conv2d.h) must list "
+              "cuda_ops::kConv2dKernelNames (cuda_ops/conv2d_args.h) in the same order");
 
 using Tensor = at::Tensor;
 using OptionalTensor = std::optional<Tensor>;

@@ -158,8 +158,10 @@ def test_conv2d_variant_on_cpu():
     torch.testing.assert_close(tf.conv2d(x, w, b, kernel="cpu", **opts), reference(x, w, b, **opts))
     with pytest.raises(ValueError, match="runs on CUDA tensors"):
         tf.conv2d(x, w, b, kernel="implicit_mma", **opts)
-    with pytest.raises(ValueError, match="unknown variant 'fast'"):
+    with pytest.raises(ValueError, match="unknown variant 'fast'") as info:
         tf.conv2d(x, w, b, kernel="fast", **opts)
+    # The message lists the engine's names (cuda_ops/conv2d_args.h): the Python list must be the same, in order.
+    assert ", ".join(f"'{k}'" for k in CONV2D_KERNELS) + " (CUDA tensors)" in str(info.value)
     with pytest.raises(ValueError, match="activation"):
         tf.conv2d(x, w, b, activation="gelu", **opts)
 
