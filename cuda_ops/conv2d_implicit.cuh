@@ -1,10 +1,11 @@
-// What the two implicit-GEMM rungs of the convolution share (cuda_ops/conv2d_implicit.cu on mma.sync,
-// cuda_ops/conv2d_wgmma.cu on Hopper's wgmma): the GEMMs' parameters (FpropParams for the forward and each stride
-// phase of backward_input, WgradParams for backward_weight), the gathered operand's geometry (Gather, FastDivmod),
-// and the host-side drivers that turn a convolution into those GEMMs: forward_gemm (with the statistics' second
-// pass) and backward_input_gemm (the stride phases, their sub-kernels, and one zero fill for the phases without a
-// tap). Each rung passes its own GEMM launcher.
-// Internal to those two files (an anonymous namespace: each gets its own copy of the kernels).
+// What the implicit-GEMM rungs of the convolution share (cuda_ops/conv2d_implicit.cu on mma.sync,
+// cuda_ops/conv2d_wgmma.cu on Hopper's wgmma, cuda_ops/conv2d_simt.cu on CUDA cores): the GEMMs' parameters
+// (FpropParams for the forward and each stride phase of backward_input, WgradParams for backward_weight), the gathered
+// operand's geometry (Gather, FastDivmod), what they need of the operands (implicit_operands_supported), and the
+// host-side drivers that turn a convolution into those GEMMs: forward_gemm (with the statistics' second pass) and
+// backward_input_gemm (the stride phases, their sub-kernels, and one zero fill for the phases without a tap). Each
+// rung passes its own GEMM launcher.
+// Internal to those files (an anonymous namespace: each gets its own copy of the kernels).
 #pragma once
 
 #include <algorithm>
@@ -256,7 +257,12 @@ bool implicit_operands_supported(Conv2dPass pass, const Conv2dArgs<T>& a, const 
       sh.r * sh.s * sh.k > kMax || sh.k > kMax || sh.c > kMax) {
     return fail("sizes must stay below 2^30 rows and columns");
   }
-  if (sh.h + 2 * sh.pad_h > kMax || sh.w + 2 * sh.pad_w > kMax) return fail("image too large");
+  // Rows and columns as ints: the padded image, and a tap's offset r dil_h (implicit_simt's loader decodes k a few
+  // taps past the kernel in a partial last k tile; those copies are masked, their arithmetic must not overflow).
+  if (sh.h + 2 * sh.pad_h > kMax || sh.w + 2 * sh.pad_w > kMax || (sh.r + 8) * sh.dil_h > kMax ||
+      (sh.s + 8) * sh.dil_w > kMax) {
+    return fail("image too large");
+  }
   const bool krsc =
       (a.w.sc == 1 || sh.c <= 1) && (a.w.sw == sh.c || sh.s <= 1) && (a.w.sh == sh.s * sh.c || sh.r <= 1);
   switch (pass) {

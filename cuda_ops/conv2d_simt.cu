@@ -15,7 +15,8 @@
 // 512), written and read once more per pass, and the weight gradient's GEMM (K x R S C, summed over N P Q) ran
 // without a split. Here:
 //   - The gathered tile lands transposed in shared memory (k-major, as v5 needs it) one element per cp.async: a
-//     warp copies runs of 8 consecutive k (one 32-byte sector: 8 channels of one input pixel) of 32 output pixels.
+//     warp copies runs of 8 consecutive k (one 32-byte sector: 8 channels of one input pixel where
+//     C is a multiple of 8; with C = 4 mod 8 a run crosses two taps, each element placed on its own) of 32 output pixels.
 //     Per block the output pixels' (image, ih0, iw0) are decoded once into a table in shared memory; per k tile
 //     each thread decodes its k values into taps (two divisions by constants, FastDivmod), and a copy whose pixel
 //     falls in the padding is zero-filled by cp.async's source size (never read).
@@ -31,8 +32,9 @@
 //
 // Requirements (conv2d_simt_supported says which one failed): float32; groups 1; channel counts (C for x, K for dy)
 // a multiple of 4, channel stride 1, the other strides multiples of 4, 16-byte aligned bases (the op layer pads the
-// 3-channel stem and makes tensors channels-last); the weight KRSC; backward_input dilation 1; backward_weight dy
-// dense NHWC and dw KRSC; sizes below 2^30.
+// 3-channel stem and makes tensors channels-last); the weight KRSC (16-byte aligned rows in the forward);
+// backward_input dilation 1; backward_weight dy dense NHWC and dw KRSC; sizes below 2^30
+// (implicit_operands_supported, cuda_ops/conv2d_implicit.cuh: implicit_mma's operands). sm_80 or newer (cp.async).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -78,7 +80,7 @@ struct WgradSmem {
 // One float copied by cp.async (through L1: sizes below 16 bytes take .ca) when `ok`, else zero-filled; src must
 // be a valid address either way (the caller passes the tensor's base for a copy it skips).
 __device__ __forceinline__ void cp_async4_if(float* dst, const float* src, bool ok) {
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile(
       "{\n"
       "  .reg .pred p;\n"
@@ -223,6 +225,9 @@ __device__ __forceinline__ int patch_col(int b_off, int jv) {
 template <class C, bool kRelu>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     conv2d_simt_fprop_kernel(const __grid_constant__ FpropParams<float> p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // cp.async (sm_80+): conv2d_simt_supported refuses such GPUs; a JIT of older code must not run silently
+#else
   using S = FpropSmem<C>;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   float* const smem = reinterpret_cast<float*>(smem_bytes);
@@ -284,6 +289,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
       }
     }
   }
+#endif
 }
 
 // backward_weight: dw^T (R S C x K) over the pixels [split kt_per_split BK, ...) of grid.z's split; one split writes
@@ -293,6 +299,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
 template <class C>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     conv2d_simt_wgrad_kernel(const __grid_constant__ WgradParams<float> p, bool vec) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // cp.async (sm_80+): conv2d_simt_supported refuses such GPUs; a JIT of older code must not run silently
+#else
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   float* const smem = reinterpret_cast<float*>(smem_bytes);
   const int gm = p.n, gn = p.m;  // the GEMM's rows (R S C) and columns (K)
@@ -338,6 +347,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
       }
     }
   }
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------------------------

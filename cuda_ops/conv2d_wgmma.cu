@@ -30,14 +30,16 @@
 //     s is loaded once, the tile's rows plus R - 1 more (one TMA box), and the R taps' A operands are that box from
 //     row r Q on (whole 1024-byte swizzle atoms); boxes and weight tiles travel in two rings. Where each tap's
 //     window was its own box, nine boxes of 256 rows became three of 320 at 32x32: the 64-channel layers were
-//     L2-bound (docs/conv2d.md).
+//     L2-bound (docs/conv2d.md). It needs R of 2 or 3 and (R - 1) dil_h Q <= 128 (make_tma_maps), and serves every
+//     one-GEMM launch: the forward and a stride-1 input gradient (or a launch of one stride phase).
 //   - implicit_tma's backward_input: the stride phases' GEMMs (4 at stride 2, with 1 to 4 taps each) share one
 //     persistent launch (PhaseSet: each tile finds its phase's parameters and tensor maps), the phases with the
 //     longest k-loops first, where one launch per phase paid a pipeline fill and a tail for each short GEMM.
 //
 // Tiles: 256 (output pixels) x 128 (output channels), or 256 x 64 where there are at most 64 output channels; k-steps
-// of 64 values (128 bytes: one swizzle span), 4 stages of 48 KiB (5 of 40 KiB for 256 x 64). The ring's order is
-// global: stages carry on from one tile to the next.
+// of 64 values (128 bytes: one swizzle span), 4 stages of 48 KiB (5 of 40 KiB for 256 x 64; the halo plan: 3 boxes of
+// 48 KiB and 4 weight tiles of 16 KiB, or 6 of 8 KiB). The ring's order is global: stages carry on from one tile
+// to the next.
 //
 // Requirements (conv2d_wgmma_supported): an sm_90 GPU and a build with sm_90a code; bf16 or fp16 (float32 and tf32
 // run on implicit_mma); forward or backward_input; and what implicit_mma requires of the operands (channels-last,
@@ -118,7 +120,7 @@ struct TmaBoxes {
   int halo_r = 0;                       // halo plan: taps per column R, each a stage's k-step (0: no halo)
   int halo_shift = 0;                   // halo plan: rows of the box from tap r to r + 1 (dil_h Q)
   int stride_h = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;
-  uint32_t tx_bytes = 0;  // bytes each stage's two boxes deliver
+  uint32_t tx_bytes = 0;  // bytes each stage's two boxes deliver (halo plan: the box's; weight tiles: BN rows)
   FastDivmod pix, q;      // tile row -> (image in the tile, pixel), pixel -> (row, column)
 };
 
@@ -246,7 +248,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (warpgroup == 0 && kTma) {
-    // Producer, TMA: one thread issues each stage's two boxes (the tap's input window, the tap's weight rows).
+    // Producer, TMA: one thread issues each stage's two boxes (the tap's input window, the tap's weight rows; the halo
+    // plan: a tap column's box into the box ring, then its R taps' weight rows into the weight ring).
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
     if (tid == 0) {
       int s = 0, sb = 0;  // sb: the halo plan's weight ring (s its box ring)
