@@ -341,18 +341,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) conv2d_wgrad_k
 // Host side
 
 
-// The splits of backward_weight's k-loop: enough blocks for two waves where the tiles alone are fewer, each split
-// at least 8 k-tiles.
+// The splits of backward_weight's k-loop (wgrad_split_count), each at least 8 k-tiles.
 template <class Cfg>
 int wgrad_splits(int64_t m, int64_t n, int64_t k, int es) {
   const int64_t bk = kLineBytes / es;
   const int64_t tiles = static_cast<int64_t>(ceil_div(m, Cfg::BM)) * ceil_div(n, Cfg::BN);
-  const int64_t num_kt = (k + bk - 1) / bk;
-  const int64_t want = (2 * static_cast<int64_t>(sm_count()) * Cfg::kMinBlocks + tiles - 1) / tiles;
-  const int64_t most = std::max<int64_t>(1, num_kt / 8);
-  const int64_t splits = std::max<int64_t>(1, std::min(want, most));
-  const int64_t per = (num_kt + splits - 1) / splits;
-  return static_cast<int>(per > 0 ? (num_kt + per - 1) / per : 1);
+  return wgrad_split_count(tiles, (k + bk - 1) / bk, Cfg::kMinBlocks, 8);
 }
 
 template <typename T>

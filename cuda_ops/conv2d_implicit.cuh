@@ -228,6 +228,17 @@ __global__ void conv2d_zero_phases_kernel(Tensor4<U> dx, int64_t units, int64_t 
 
 int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
+// How many splits a weight gradient's k-loop (over the pixels, num_kt k-tiles) gets: enough blocks for two waves
+// (`per_sm` blocks on each SM) where the `tiles` alone are fewer, each split at least `min_kt` k-tiles, at most
+// 65535 (grid.z); rounded so that no split is empty. A function of the shape and the SM count only.
+inline int wgrad_split_count(int64_t tiles, int64_t num_kt, int per_sm, int64_t min_kt) {
+  const int64_t want = (2 * static_cast<int64_t>(sm_count()) * per_sm + tiles - 1) / tiles;
+  const int64_t most = std::max<int64_t>(1, std::min<int64_t>(num_kt / min_kt, 65535));
+  const int64_t splits = std::max<int64_t>(1, std::min(want, most));
+  const int64_t per = (num_kt + splits - 1) / splits;
+  return static_cast<int>(per > 0 ? (num_kt + per - 1) / per : 1);
+}
+
 // A channels-last activation tensor the 16-byte loads can read: channel stride 1, the channel count and the
 // other strides multiples of the chunk, base aligned.
 template <typename T>

@@ -378,17 +378,11 @@ int64_t wgrad_tiles(const Conv2dShape& sh) {
   return static_cast<int64_t>(ceil_div(sh.r * sh.s * sh.c, C::BM)) * ceil_div(sh.k, C::BN);
 }
 
-// Splits of the pixels: two waves of blocks (2 per SM) where the tiles alone are fewer, each split at least 16
-// k tiles (256 pixels, so the epilogue's stores stay small against the FMAs); a function of the shape and the SM
-// count only.
+// Splits of the pixels (wgrad_split_count), each at least 16 k tiles (256 pixels, so the epilogue's stores stay
+// small against the FMAs).
 template <class C>
 int wgrad_splits(const Conv2dShape& sh) {
-  const int64_t tiles = wgrad_tiles<C>(sh), num_kt = (sh.n * sh.p * sh.q + C::BK - 1) / C::BK;
-  const int64_t want = (2 * static_cast<int64_t>(sm_count()) * C::MIN_BLOCKS + tiles - 1) / tiles;
-  const int64_t most = std::max<int64_t>(1, std::min<int64_t>(num_kt / 16, 65535));
-  const int64_t splits = std::max<int64_t>(1, std::min(want, most));
-  const int64_t per = (num_kt + splits - 1) / splits;
-  return static_cast<int>(per > 0 ? (num_kt + per - 1) / per : 1);
+  return wgrad_split_count(wgrad_tiles<C>(sh), (sh.n * sh.p * sh.q + C::BK - 1) / C::BK, C::MIN_BLOCKS, 16);
 }
 
 int wgrad_splits_for(const Conv2dShape& sh) {

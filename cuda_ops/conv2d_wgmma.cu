@@ -652,8 +652,9 @@ bool make_tma_maps(const FpropParams<T>& p, int bn, TmaBoxes& geo, CUtensorMap* 
   geo.halo_r = 0;
   const int64_t taps_r = taps / geo.taps_s, halo_rows = geo.box_p + (taps_r - 1) * p.g.dil_h;
   if (halo && halo_enabled() && p.g.stride_h == 1 && p.g.stride_w == 1 && geo.box_n == 1 && q % 8 == 0 &&
-      taps_r >= 2 && taps_r <= kHaloTaps && halo_rows * q <= kHaloRowsA &&
+      taps_r >= 2 && taps_r <= kHaloTaps &&
       kBM - 1 + (taps_r - 1) * p.g.dil_h * q < kHaloRowsA) {  // the tile's last row at the last tap: in the box's room
+    // (so the box, box_p Q <= kBM rows plus (R - 1) dil_h Q, fits it too)
     geo.halo_r = static_cast<int>(taps_r);
     geo.halo_shift = static_cast<int>(p.g.dil_h * q);
     geo.num_kt = geo.taps_s * geo.chunks;
