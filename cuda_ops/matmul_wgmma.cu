@@ -71,19 +71,6 @@ using namespace sm90;
 
 #if defined(TORCHEXT_WGMMA_DEVICE)
 
-// 3-D tile copy shared -> global (the copy engine clips what lies outside the matrix), in this thread's bulk group.
-__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
-  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
-               : "memory");
-}
-__device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-// Waits until this thread's bulk stores have finished reading shared memory (the buffer may then be rewritten).
-__device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
-// Waits until they are complete (written to global memory).
-__device__ __forceinline__ void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
-
 // Stream-K's hand-over between blocks: a flag in global memory, set with release semantics after the partial sums
 // are written, read with acquire semantics before they are read.
 __device__ __forceinline__ void flag_release(int* flag) {
@@ -96,16 +83,8 @@ __device__ __forceinline__ void flag_wait(const int* flag) {
   } while (v == 0);
 }
 
-// Epilogue stores into the staging buffer, through 32-bit shared addresses (a generic pointer made the compiler
-// emit 64-bit ST.E with 64-bit address arithmetic).
-// stmatrix: four 8 x 8 matrices of 16-bit values, each register of each lane holding its piece in the mma
-// fragment layout (row lane / 4, columns 2 (lane % 4) and + 1), which is the accumulators' layout; lane l gives
-// the address of row l % 8 of matrix l / 8.
-__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
-               "r"(r2), "r"(r3)
-               : "memory");
-}
+// Float epilogue stores into the staging buffer (16-bit ones: stmatrix_x4, sm90.cuh), through 32-bit shared
+// addresses (a generic pointer made the compiler emit 64-bit ST.E with 64-bit address arithmetic).
 __device__ __forceinline__ void st_shared_v2(uint32_t addr, float a, float b) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
 }

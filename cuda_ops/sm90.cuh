@@ -1,7 +1,7 @@
 // Hopper (sm_90a) PTX wrappers shared by the wgmma kernels of the GEMM engine (cuda_ops/matmul_wgmma.cu) and of the
-// convolution (cuda_ops/conv2d_wgmma.cu): mbarriers, TMA tile copies, the shared-memory matrix descriptor of a
-// 128-byte-swizzled operand, wgmma's fence / commit / wait, the generic-to-async proxy fence; on the host, the
-// driver's tensor-map encoder. The device functions exist only in the sm_90a image (TORCHEXT_WGMMA_DEVICE); elsewhere
+// convolution (cuda_ops/conv2d_wgmma.cu): mbarriers, TMA tile copies both ways, stmatrix (the epilogues' staging),
+// the shared-memory matrix descriptor of a 128-byte-swizzled operand, wgmma's fence / commit / wait, the
+// generic-to-async proxy fence; on the host, the driver's tensor-map encoder. The device functions exist only in the sm_90a image (TORCHEXT_WGMMA_DEVICE); elsewhere
 // the kernels that use them compile to empty bodies.
 #pragma once
 
@@ -101,6 +101,36 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, u
       "[%2];" ::"r"(smem_addr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
+}
+
+// TMA tile copies shared -> global (the copy engine clips what lies outside the tensor), in this thread's bulk group;
+// the buffer must hold the box in the map's swizzled layout.
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+__device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// Waits until this thread's bulk stores have finished reading shared memory (the buffer may then be rewritten).
+__device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+// Waits until they are complete (written to global memory).
+__device__ __forceinline__ void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+// stmatrix: four 8 x 8 matrices of 16-bit values, each register of each lane holding its piece in the mma
+// fragment layout (row lane / 4, columns 2 (lane % 4) and + 1), which is wgmma's accumulator layout; lane l gives
+// the address of row l % 8 of matrix l / 8 (a 32-bit shared address: a generic pointer made the compiler emit
+// 64-bit ST.E with 64-bit address arithmetic).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
 }
 
 // Makes this thread's ordinary shared-memory writes visible to the copy engine.
