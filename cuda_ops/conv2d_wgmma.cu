@@ -22,10 +22,19 @@
 //   - Persistent grid: one block per SM walks the tiles; the producer starts the next tile's copies while the
 //     consumers run the epilogue of the current one. Convolutions have short k-loops (R S C: 576 for 64 channels,
 //     9 k-steps), so filling the pipeline once per tile would cost a large share of the time.
-//   - Epilogue straight from the accumulators: bias, relu, the stores (two values per thread and row), and batch
-//     norm's per-channel sum and sum of squares of the stored values: a fixed tree over each warp's rows (shuffles),
-//     the 8 warps added in order through shared memory, one partial per (channel, tile) into the workspace, and the
-//     shared second kernel adds the tiles in order (deterministic).
+//   - Epilogue from the accumulators: bias, relu, the stores, and batch norm's per-channel sum and sum of squares of
+//     the stored values: a fixed tree over each warp's rows (shuffles), the 8 warps added in order through shared
+//     memory, one partial per (channel, tile) into the workspace, and the shared second kernel adds the tiles in
+//     order (deterministic). implicit_wgmma stores from the registers (two values per thread and row).
+//   - implicit_tma's TMA-store epilogue: the consumers write the tile into a 128-byte-swizzled staging buffer
+//     (stmatrix, conflict-free), one thread stores it with the copy engine as one 4-D box per 64 output channels
+//     (the output's tensor map; the copy engine drops what lies outside it), and both consumers go on to the next
+//     tile's k-loop while the copy drains; the staging is reused once that copy has read it. Stored from the
+//     registers, the epilogue held both consumers, and so the tensor pipe, for about 40% of the time at 128 -> 128
+//     channels, 16x16 (Nsight Compute's warp samples: 3119 in the epilogue against 4164 in the k-loop): 16 pairs of
+//     4-byte stores per row group, each instruction touching 8 rows, every SM storing at the same moment. The
+//     staging takes room from the rings (WgTile). TORCHEXT_CONV2D_TMA_STORE=0 switches it off; an output without a
+//     tensor map (rows not 16-byte multiples, stride phases that do not nest) stores from the registers.
 //   - implicit_tma's halo plan (stride 1, one image per tile, Q a multiple of 8): the input window of one tap column
 //     s is loaded once, the tile's rows plus R - 1 more (one TMA box), and the R taps' A operands are that box from
 //     row r Q on (whole 1024-byte swizzle atoms); boxes and weight tiles travel in two rings. Where each tap's
@@ -38,8 +47,9 @@
 //
 // Tiles: 256 (output pixels) x 128 (output channels), or 256 x 64 where there are at most 64 output channels; k-steps
 // of 64 values (128 bytes: one swizzle span), 4 stages of 48 KiB (5 of 40 KiB for 256 x 64; the halo plan: 3 boxes of
-// 48 KiB and 4 weight tiles of 16 KiB, or 6 of 8 KiB). The ring's order is global: stages carry on from one tile
-// to the next.
+// 48 KiB and 4 weight tiles of 16 KiB, or 6 of 8 KiB). With the TMA-store epilogue's staging (64 or 32 KiB): 3
+// stages (4 for 256 x 64); the halo plan 2 boxes and 3 weight tiles (3 and 4 for 256 x 64). The ring's order is
+// global: stages carry on from one tile to the next.
 //
 // Requirements (conv2d_wgmma_supported): an sm_90 GPU and a build with sm_90a code; bf16 or fp16 (float32 and tf32
 // run on implicit_mma); forward or backward_input; and what implicit_mma requires of the operands (channels-last,
@@ -80,20 +90,28 @@ constexpr int kTileGroupM = 8;  // tile-rows walked together for L2 reuse
 constexpr int kHaloTaps = 3;
 constexpr int kHaloRowsA = 384;
 
-template <int BN_, bool kHalo = false>
+// kStore (implicit_tma): the TMA-store epilogue's staging buffer (kBM rows x BN columns, as
+// 64-column halves of kBM rows x 128 bytes, 128-byte swizzled: the image of one TMA box each). It takes room from
+// the rings: the halo plan's BN = 128 rings keep 2 boxes and 3 weight tiles (BN = 64: 3 and 4), the plain ring 3
+// stages (BN = 64: 4).
+template <int BN_, bool kHalo = false, bool kStore = false>
 struct WgTile {
   static constexpr int BN = BN_;
-  static constexpr int kAStages = kHalo ? 3 : 0, kBStages = kHalo ? (BN == 64 ? 6 : 4) : 0;  // halo rings
-  static constexpr int kStages = kHalo ? kAStages + kBStages : (BN == 64 ? 5 : 4);  // barrier pairs
+  static constexpr int kAStages = kHalo ? (kStore && BN == 128 ? 2 : 3) : 0;  // halo rings
+  static constexpr int kBStages = kHalo ? (BN == 64 ? (kStore ? 4 : 6) : (kStore ? 3 : 4)) : 0;
+  static constexpr int kStages =
+      kHalo ? kAStages + kBStages : (BN == 64 ? (kStore ? 4 : 5) : (kStore ? 3 : 4));  // barrier pairs
   static constexpr int kLag = kStages - 2;  // see the producer (cp.async only)
   static constexpr int kTileBytesA = (kHalo ? kHaloRowsA : kBM) * kRowBytes;
   static constexpr int kTileBytesB = BN * kRowBytes;
   static constexpr int kStageBytes = kTileBytesA + kTileBytesB;  // one ring (not halo)
   static constexpr int kRingBytes = kHalo ? kAStages * kTileBytesA + kBStages * kTileBytesB : kStages * kStageBytes;
-  static constexpr int kRowTableBytes = kBM * 16;                  // per row: x offset (int64), ih0, iw0
+  static constexpr int kHalfBytes = kBM * kRowBytes;               // staging: one 64-column half
+  static constexpr int kStagingBytes = kStore ? BN / 64 * kHalfBytes : 0;
+  static constexpr int kRowTableBytes = kStore ? 0 : kBM * 16;     // per row: x offset (int64), ih0, iw0 (cp.async)
   static constexpr int kStatsBytes = 2 * kConsumerWarps * BN * 4;  // per warp: column sums, sums of squares
-  static constexpr int kSmemBytes =
-      1024 /* alignment slack */ + kRingBytes + kRowTableBytes + kStatsBytes + 2 * kStages * 8;
+  static constexpr int kSmemBytes = 1024 /* alignment slack */ + kRingBytes + kStagingBytes + kRowTableBytes +
+                                    kStatsBytes + 2 * kStages * 8;
 };
 
 // Tile t of the persistent walk: kTileGroupM tile-rows at a time, column by column.
@@ -160,10 +178,11 @@ struct PhaseSet {
   int tile_end[kPhases] = {};
 };
 
-// implicit_tma's maps: phase i's A (the gathered tensor) and B (the weight) at 2 i and 2 i + 1.
+// implicit_tma's maps: phase i's A (the gathered tensor) and B (the weight) at 2 i and 2 i + 1, its output (the
+// TMA-store epilogue) at 2 kPhases + i.
 template <int kPhases>
 struct TmaMaps {
-  CUtensorMap m[2 * kPhases];
+  CUtensorMap m[3 * kPhases];
 };
 
 // The phase of tile t and its first tile.
@@ -216,21 +235,24 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 2, 256
 // kTma: the A and B tiles come from TMA (implicit_tma: tile t's phase ph reads set.geo[ph] and maps.m[2 ph],
 // maps.m[2 ph + 1]); otherwise the producer warpgroup gathers them with cp.async (implicit_wgmma: one GEMM, set.p[0];
 // geo and the maps unused). kHalo (implicit_tma, one GEMM): each stage is one tap column's halo box and its R taps'
-// weights (WgTile), so the input window is read once per column instead of once per tap.
-template <typename T, int BN, bool kRelu, bool kStats, bool kTma, int kPhases, bool kHalo = false>
+// weights (WgTile), so the input window is read once per column instead of once per tap. kStore (implicit_tma): the
+// epilogue writes the tile into shared memory and one thread stores it with TMA (maps.m[2 kPhases + ph], the output).
+template <typename T, int BN, bool kRelu, bool kStats, bool kTma, int kPhases, bool kHalo = false, bool kStore = false>
 __global__ void __launch_bounds__(kThreads, 1)
     conv2d_wgmma_fprop_kernel(const __grid_constant__ PhaseSet<T, kPhases> set,
                               const __grid_constant__ TmaMaps<kPhases> maps) {
 #if defined(TORCHEXT_WGMMA_DEVICE)
   static_assert(kTma || kPhases == 1, "the cp.async producer runs one GEMM per launch");
   static_assert(!kHalo || (kTma && kPhases == 1), "the halo plan is implicit_tma's, one GEMM per launch");
-  using Cfg = WgTile<BN, kHalo>;
+  static_assert(!kStore || kTma, "the TMA-store epilogue is implicit_tma's");
+  using Cfg = WgTile<BN, kHalo, kStore>;
   constexpr int kStages = Cfg::kStages, kLag = Cfg::kLag;
   extern __shared__ uint8_t smem_raw[];
   // 128-byte swizzling repeats every 1024 bytes and is computed from the address: stages start on 1024.
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  int4* row_table = reinterpret_cast<int4*>(smem + Cfg::kRingBytes);
-  float* stats_buf = reinterpret_cast<float*>(smem + Cfg::kRingBytes + Cfg::kRowTableBytes);
+  uint8_t* const staging = smem + Cfg::kRingBytes;  // kStore (1024-aligned: the ring is whole KiB)
+  int4* row_table = reinterpret_cast<int4*>(staging + Cfg::kStagingBytes);
+  float* stats_buf = reinterpret_cast<float*>(staging + Cfg::kStagingBytes + Cfg::kRowTableBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(stats_buf + 2 * kConsumerWarps * BN);
   uint64_t* empty = full + kStages;
   const int warpgroup = threadIdx.x / 128, tid = threadIdx.x % 128;
@@ -502,9 +524,23 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
         if (!row_ok[h]) image = pp = qq = 0;
-        row_off[h] = image * y_sn + pp * y_sh + qq * y_sw;
+        if constexpr (!kStore) row_off[h] = image * y_sn + pp * y_sh + qq * y_sw;
       }
-      if constexpr (kStats) consumers_sync();  // the previous tile's partials have been read
+      // kStore: the staging is free once the last tile's copies have read it (thread 128 issued them); stats_buf
+      // once the last tile's partials have been read.
+      if constexpr (kStore) {
+        if (threadIdx.x == 128) tma_store_wait_read();
+      }
+      if constexpr (kStats || kStore) consumers_sync();
+      // kStore: this lane's stmatrix addresses for accumulator groups (j - 1, j), j odd, of its m64 block b (rows
+      // consumer 128 + 64 b + 16 warp ..): lane l addresses row l % 8 of matrix l / 8 (matrices: group j - 1 rows
+      // 0-7, 8-15, group j rows 0-7, 8-15), 16-byte unit (j - 1) % 8 + l / 16 of its 64-column half, stored at
+      // unit ^ (row % 8) (TMA's 128-byte swizzle; the staging and each 8 rows start on 1024 bytes). As in the GEMM
+      // engine's epilogue (cuda_ops/matmul_wgmma.cu, staging_lane_for).
+      const uint32_t st_row = smem_addr(staging) +
+                              (consumer * 128 + warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kRowBytes;
+      const int st_x = (lane >> 4) ^ (lane & 7);
+      uint32_t prev[4];  // kStore: group j - 1's packed pairs, per h
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
         const int col = bn0 + 8 * j + 2 * (lane & 3);
@@ -512,6 +548,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float b0 = bias != nullptr && c0 ? static_cast<float>(bias[col]) : 0.f;
         const float b1 = bias != nullptr && c1 ? static_cast<float>(bias[col + 1]) : 0.f;
         float s0 = 0.f, s1 = 0.f, q0 = 0.f, q1 = 0.f;
+        uint32_t cur[4];
 #pragma unroll
         for (int h = 0; h < 4; ++h) {
           const float* d = (h >> 1) ? d1 : d0;
@@ -519,7 +556,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           float v0 = d[e] + b0, v1 = d[e + 1] + b1;
           if (kRelu) v0 = fmaxf(v0, 0.f), v1 = fmaxf(v1, 0.f);
           const T o0 = static_cast<T>(v0), o1 = static_cast<T>(v1);
-          if (row_ok[h] && c0) {
+          if constexpr (kStore) {
+            const Vec<T, 2> pair{{o0, o1}};
+            std::memcpy(&cur[h], &pair, 4);
+          } else if (row_ok[h] && c0) {
             T* out = y + row_off[h] + col;
             if (c1 && vec_store) {
               *reinterpret_cast<Vec<T, 2>*>(out) = Vec<T, 2>{{o0, o1}};
@@ -527,10 +567,22 @@ __global__ void __launch_bounds__(kThreads, 1)
               out[0] = o0;
               if (c1) out[1] = o1;
             }
-            if constexpr (kStats) {
+          }
+          if constexpr (kStats) {
+            if (row_ok[h] && c0) {
               const float f0 = static_cast<float>(o0), f1 = c1 ? static_cast<float>(o1) : 0.f;
               s0 += f0, q0 += f0 * f0, s1 += f1, q1 += f1 * f1;
             }
+          }
+        }
+        if constexpr (kStore) {
+          if (j & 1) {
+            const uint32_t at = st_row + (j / 8) * Cfg::kHalfBytes + ((((j - 1) & 7) ^ st_x) << 4);
+            stmatrix_x4(at, prev[0], prev[1], cur[0], cur[1]);                  // block 0
+            stmatrix_x4(at + 64 * kRowBytes, prev[2], prev[3], cur[2], cur[3]);  // block 1
+          } else {
+#pragma unroll
+            for (int h = 0; h < 4; ++h) prev[h] = cur[h];
           }
         }
         if constexpr (kStats) {
@@ -546,6 +598,22 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
+      if constexpr (kStore) {
+        // The tile's box per 64-column half: {64 channels, Q, box_p rows, box_n images} at (bn0 + 64 i, 0, p0, n0);
+        // the copy engine drops rows and channels outside the output (and tile rows past the box are not in it).
+        fence_proxy_async();
+        consumers_sync();
+        if (threadIdx.x == 128) {
+          const int p0 = (tm % geo.tiles_p) * geo.box_p, n0 = (tm / geo.tiles_p) * geo.box_n;
+#pragma unroll
+          for (int i = 0; i < BN / 64; ++i) {
+            if (bn0 + 64 * i < n) {
+              tma_store_4d(&maps.m[2 * kPhases + ph], staging + i * Cfg::kHalfBytes, bn0 + 64 * i, 0, p0, n0);
+            }
+          }
+          tma_store_commit();
+        }
+      }
       if constexpr (kStats) {
         consumers_sync();
         const int ct = consumer * 128 + tid;  // 0..255
@@ -559,6 +627,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+    if constexpr (kStore) {
+      if (threadIdx.x == 128) tma_store_wait_all();  // shared memory stays until the copies have read it
+    }
   }
 #endif
 }
@@ -567,11 +638,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Host side
 
 // Launches `count` (at most kPhases) GEMMs of `set` as one persistent grid; fills in their tile counts.
-template <typename T, int BN, bool kRelu, bool kStats, bool kTma, int kPhases, bool kHalo = false>
+template <typename T, int BN, bool kRelu, bool kStats, bool kTma, int kPhases, bool kHalo = false, bool kStore = false>
 cudaError_t launch_wgmma_fprop(PhaseSet<T, kPhases> set, int count, const TmaMaps<kPhases>& maps,
                                cudaStream_t stream) {
-  constexpr auto kernel = conv2d_wgmma_fprop_kernel<T, BN, kRelu, kStats, kTma, kPhases, kHalo>;
-  constexpr int kSmemBytes = WgTile<BN, kHalo>::kSmemBytes;
+  constexpr auto kernel = conv2d_wgmma_fprop_kernel<T, BN, kRelu, kStats, kTma, kPhases, kHalo, kStore>;
+  constexpr int kSmemBytes = WgTile<BN, kHalo, kStore>::kSmemBytes;
   if (count < 1 || count > kPhases) return cudaErrorInvalidValue;
   cudaError_t err = prepare_kernel<kernel>(kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -593,20 +664,32 @@ cudaError_t launch_wgmma_fprop(PhaseSet<T, kPhases> set, int count, const TmaMap
 }
 
 // One GEMM with the epilogue's options, or (kPhases > 1: backward_input's phases) several without them.
-template <typename T, int BN, bool kTma, int kPhases, bool kHalo = false>
+template <typename T, int BN, bool kTma, int kPhases, bool kHalo = false, bool kStore = false>
 cudaError_t launch_wgmma_fprop_bn(const PhaseSet<T, kPhases>& set, int count, const TmaMaps<kPhases>& maps, bool relu,
                                   bool stats, cudaStream_t stream) {
   if constexpr (kPhases > 1) {
     if (relu || stats) return cudaErrorNotSupported;
-    return launch_wgmma_fprop<T, BN, false, false, kTma, kPhases>(set, count, maps, stream);
+    return launch_wgmma_fprop<T, BN, false, false, kTma, kPhases, false, kStore>(set, count, maps, stream);
   } else {
     if (stats) {
-      return relu ? launch_wgmma_fprop<T, BN, true, true, kTma, 1, kHalo>(set, count, maps, stream)
-                  : launch_wgmma_fprop<T, BN, false, true, kTma, 1, kHalo>(set, count, maps, stream);
+      return relu ? launch_wgmma_fprop<T, BN, true, true, kTma, 1, kHalo, kStore>(set, count, maps, stream)
+                  : launch_wgmma_fprop<T, BN, false, true, kTma, 1, kHalo, kStore>(set, count, maps, stream);
     }
-    return relu ? launch_wgmma_fprop<T, BN, true, false, kTma, 1, kHalo>(set, count, maps, stream)
-                : launch_wgmma_fprop<T, BN, false, false, kTma, 1, kHalo>(set, count, maps, stream);
+    return relu ? launch_wgmma_fprop<T, BN, true, false, kTma, 1, kHalo, kStore>(set, count, maps, stream)
+                : launch_wgmma_fprop<T, BN, false, false, kTma, 1, kHalo, kStore>(set, count, maps, stream);
   }
+}
+
+// One GEMM of implicit_tma: the halo plan or not, the TMA-store epilogue or not.
+template <typename T, int BN>
+cudaError_t launch_tma_fprop_bn(const PhaseSet<T, 1>& set, const TmaMaps<1>& maps, bool store, bool relu, bool stats,
+                                cudaStream_t stream) {
+  if (set.geo[0].halo_r > 0) {
+    return store ? launch_wgmma_fprop_bn<T, BN, true, 1, true, true>(set, 1, maps, relu, stats, stream)
+                 : launch_wgmma_fprop_bn<T, BN, true, 1, true>(set, 1, maps, relu, stats, stream);
+  }
+  return store ? launch_wgmma_fprop_bn<T, BN, true, 1, false, true>(set, 1, maps, relu, stats, stream)
+               : launch_wgmma_fprop_bn<T, BN, true, 1>(set, 1, maps, relu, stats, stream);
 }
 
 template <typename T>
@@ -622,12 +705,14 @@ cudaError_t run_wgmma_fprop(const FpropParams<T>& p, bool relu, bool stats, cuda
 // ---------------------------------------------------------------------------------------------------------------
 // implicit_tma's tensor maps
 
-// The halo plan is on unless TORCHEXT_CONV2D_HALO=0 (read at each launch: the tests compare both plans in one
-// process, and benchmarks/bench_conv2d.py times what the plan bought).
-inline bool halo_enabled() {
-  const char* v = std::getenv("TORCHEXT_CONV2D_HALO");
+// The halo plan is on unless TORCHEXT_CONV2D_HALO=0, the TMA-store epilogue unless TORCHEXT_CONV2D_TMA_STORE=0 (read
+// at each launch: the tests compare both forms in one process, and benchmarks/bench_conv2d.py times what each bought).
+inline bool env_enabled(const char* name) {
+  const char* v = std::getenv(name);
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
+inline bool halo_enabled() { return env_enabled("TORCHEXT_CONV2D_HALO"); }
+inline bool tma_store_enabled() { return env_enabled("TORCHEXT_CONV2D_TMA_STORE"); }
 
 // A = the gathered tensor (p.g: n images of g.h x g.w pixels of C channels), read in boxes of {64 channels, Q
 // columns x stride_w, box_p rows x stride_h, box_n images} stepping by the stride; B = the weight, {C, taps, n
@@ -679,6 +764,19 @@ bool make_tma_maps(const FpropParams<T>& p, int bn, TmaBoxes& geo, CUtensorMap* 
   return r == CUDA_SUCCESS;
 }
 
+// The TMA-store epilogue's map of a GEMM's output (boxes of {64 channels, Q, box_p rows, box_n images}, the tile's
+// pixels in its row order), where the output has one (a 16-byte-aligned start, channels-last strides that nest) and
+// the launch's shared memory fits; false otherwise (the epilogue then stores from the registers).
+template <typename T>
+bool make_output_map(const FpropParams<T>& p, const TmaBoxes& geo, int bn, CUtensorMap& map) {
+  const int smem = geo.halo_r > 0
+                       ? (bn == 64 ? WgTile<64, true, true>::kSmemBytes : WgTile<128, true, true>::kSmemBytes)
+                       : (bn == 64 ? WgTile<64, false, true>::kSmemBytes : WgTile<128, false, true>::kSmemBytes);
+  return smem_optin() >= smem && reinterpret_cast<uintptr_t>(p.y) % 16 == 0 &&
+         encode_nhwc_map<T>(map, p.y, p.n, geo.box_q, geo.out_p, geo.images, p.y_sw, p.y_sh, p.y_sn, geo.box_q,
+                            geo.box_p, geo.box_n, 1, 1);
+}
+
 // implicit_tma's GEMM launcher (the drivers' `run`). A GEMM with no k (a forward with no input channels; the rung's
 // checks refuse those today, and backward_input zeroes its tapless stride phases without a GEMM) only writes
 // act(bias): the gathering kernel does that with no copies, where an empty dimension has no tensor map.
@@ -697,12 +795,13 @@ cudaError_t run_tma_fprop(const FpropParams<T>& p, bool relu, bool stats, cudaSt
   // stages fit; conv2d_halo_bn128_trial_cifar_bf16_gpu_h200.csv).
   const bool halo = smem_optin() >= (bn == 64 ? WgTile<64, true>::kSmemBytes : WgTile<128, true>::kSmemBytes);
   if (!make_tma_maps(p, bn, set.geo[0], maps.m, halo)) return cudaErrorNotSupported;
-  if (set.geo[0].halo_r > 0) {
-    return bn == 64 ? launch_wgmma_fprop_bn<T, 64, true, 1, true>(set, 1, maps, relu, stats, stream)
-                    : launch_wgmma_fprop_bn<T, 128, true, 1, true>(set, 1, maps, relu, stats, stream);
-  }
-  return bn == 64 ? launch_wgmma_fprop_bn<T, 64, true>(set, 1, maps, relu, stats, stream)
-                  : launch_wgmma_fprop_bn<T, 128, true>(set, 1, maps, relu, stats, stream);
+  // The TMA-store epilogue where the output has a tensor map (16-byte aligned, channels-last strides): the
+  // consumers write the tile to shared memory and go on to the next tile while the copy engine stores it. With
+  // direct stores from the registers both consumers stood in the epilogue for about 40% of their time at 128 -> 128
+  // channels, 16x16 (Nsight Compute warp samples, docs/conv2d.md): the tensor pipe idled meanwhile.
+  const bool store = tma_store_enabled() && make_output_map(p, set.geo[0], bn, maps.m[2]);
+  return bn == 64 ? launch_tma_fprop_bn<T, 64>(set, maps, store, relu, stats, stream)
+                  : launch_tma_fprop_bn<T, 128>(set, maps, store, relu, stats, stream);
 }
 
 // backward_input's phases under implicit_tma (backward_input_gemm's launcher): up to kTmaPhases of them per
@@ -724,13 +823,21 @@ cudaError_t run_tma_phases(const FpropParams<T>* phases, int count, cudaStream_t
     const int bn = order[first].n <= 64 ? 64 : 128;
     PhaseSet<T, kTmaPhases> set;
     TmaMaps<kTmaPhases> maps = {};
+    bool store = tma_store_enabled();  // every phase's output must have a map
     for (int i = 0; i < group; ++i) {
       set.p[i] = order[first + i];
       if (set.p[i].m == 0 || set.p[i].n == 0 || set.p[i].k == 0) return cudaErrorInvalidValue;
       if (!make_tma_maps(set.p[i], bn, set.geo[i], &maps.m[2 * i])) return cudaErrorNotSupported;
+      store = store && make_output_map(set.p[i], set.geo[i], bn, maps.m[2 * kTmaPhases + i]);
     }
-    const cudaError_t err = bn == 64 ? launch_wgmma_fprop_bn<T, 64, true>(set, group, maps, false, false, stream)
-                                     : launch_wgmma_fprop_bn<T, 128, true>(set, group, maps, false, false, stream);
+    cudaError_t err;
+    if (bn == 64) {
+      err = store ? launch_wgmma_fprop_bn<T, 64, true, kTmaPhases, false, true>(set, group, maps, false, false, stream)
+                  : launch_wgmma_fprop_bn<T, 64, true>(set, group, maps, false, false, stream);
+    } else {
+      err = store ? launch_wgmma_fprop_bn<T, 128, true, kTmaPhases, false, true>(set, group, maps, false, false, stream)
+                  : launch_wgmma_fprop_bn<T, 128, true>(set, group, maps, false, false, stream);
+    }
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;

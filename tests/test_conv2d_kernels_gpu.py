@@ -332,6 +332,63 @@ def test_conv2d_tma_halo_plan(si, monkeypatch):
         torch.testing.assert_close(halo[4].float(), plain[4].float(), rtol=2e-2, atol=2e-2 * gx64.abs().max().item())
 
 
+# implicit_tma's TMA-store epilogue (the forward, and the input gradient's launches: one GEMM at stride 1, the stride
+# phases' persistent launch at stride 2, whose phase outputs are strided views of grad_input): the geometry above (the
+# 68-channel 1x1 stride 2: one phase with taps, into grad_input rows of 136 bytes, which no tensor map can address;
+# stride 2 over 9 rows: phase views that do not nest; both store from the registers), ResNet-18's 64 -> 64 at 32x32
+# (BN 64, halo), 128 -> 128 at 16x16 (BN 128, halo), 256 -> 256 at 8x8 (several images per tile) and a 64 -> 128
+# stride-2 3x3 at 16x16 (four phases of 8x8, each with its output map). Not the 300-wide row, which the rung refuses.
+STORE_SHAPES = (
+    TMA_SHAPES[:-6]
+    + TMA_SHAPES[-5:]
+    + [
+        RESNET_SHAPES[0],
+        (4, 128, 16, 16, 128, 3, 3, 1, 1, 1, 1),
+        (3, 256, 8, 8, 256, 3, 3, 1, 1, 1, 1),
+        (4, 64, 16, 16, 128, 3, 3, 2, 1, 1, 1),
+    ]
+)
+
+
+@pytest.mark.parametrize("si", range(len(STORE_SHAPES)))
+def test_conv2d_tma_store_epilogue(si, monkeypatch):
+    """implicit_tma's TMA-store epilogue (the tile through shared memory, stored by the copy engine) against the same
+    kernel storing from the registers (TORCHEXT_CONV2D_TMA_STORE=0, read at each launch): the same arithmetic, so the
+    same bits, for the forward with bias and relu, conv2d_stats (output and sums) and the input gradient. Outputs
+    start poisoned (NaN): an element the copy engine skips shows. And against float64."""
+    if not _is_sm90():
+        pytest.skip("implicit_tma needs an sm_90 GPU")
+    x, w, b, g, conv = _make(STORE_SHAPES[si], torch.bfloat16, "nhwc")
+    st, pad, dil, groups = _pair(conv["stride"]), _pair(conv["padding"]), _pair(conv["dilation"]), conv["groups"]
+    op = torch.ops.torchext
+    y64 = F.conv2d(x.double(), w.double(), b.double(), st, pad, dil, groups)
+
+    def run():
+        poison_allocator("cuda", y64)
+        y = op.conv2d(x, w, b, st, pad, dil, groups, "relu", "implicit_tma")
+        poison_allocator("cuda", y64)
+        stats = op.conv2d_stats(x, w, b, st, pad, dil, groups, "implicit_tma")
+        poison_allocator("cuda", x)
+        gx = None
+        if dil == [1, 1]:
+            gx = op.conv2d_backward(g, x, w, st, pad, dil, groups, [True, False, False], "implicit_tma")[0]
+        return (y, *stats, gx)
+
+    tma = run()
+    monkeypatch.setenv("TORCHEXT_CONV2D_TMA_STORE", "0")
+    plain = run()
+    names = ("forward", "stats out", "sum", "sum of squares", "input gradient")
+    for name, got, other in zip(names, tma, plain, strict=True):
+        if got is not None:
+            assert torch.equal(got, other), f"{name}: the TMA-store epilogue differs from the register stores"
+    err = (tma[0].double() - y64.relu()).abs().max().item() / y64.abs().max().item()
+    assert err < 1e-2, f"forward: error {err:.2e} against float64"
+    if tma[4] is not None:
+        gx64 = torch.nn.grad.conv2d_input(x.shape, w.double(), g.double(), st, pad, dil, groups)
+        err = (tma[4].double() - gx64).abs().max().item() / gx64.abs().max().item()
+        assert err < 1e-2, f"input gradient: error {err:.2e} against float64"
+
+
 @pytest.mark.parametrize("si", [len(RESNET_SHAPES) - 2, len(RESNET_SHAPES) - 1])
 def test_conv2d_tma_backward_input_phase_groups(si):
     """implicit_tma must take the input gradient of the 2-phase and the 9-phase shape (a launch of fewer phases than
