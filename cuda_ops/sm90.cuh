@@ -1,8 +1,8 @@
 // Hopper (sm_90a) PTX wrappers shared by the wgmma kernels of the GEMM engine (cuda_ops/matmul_wgmma.cu) and of the
 // convolution (cuda_ops/conv2d_wgmma.cu): mbarriers, TMA tile copies both ways, stmatrix (the epilogues' staging),
 // the shared-memory matrix descriptor of a 128-byte-swizzled operand, wgmma's fence / commit / wait, the
-// generic-to-async proxy fence; on the host, the driver's tensor-map encoder. The device functions exist only in the sm_90a image (TORCHEXT_WGMMA_DEVICE); elsewhere
-// the kernels that use them compile to empty bodies.
+// generic-to-async proxy fence; on the host, the driver's tensor-map encoder. The device functions exist only in the
+// sm_90a image (TORCHEXT_WGMMA_DEVICE); elsewhere the kernels that use them compile to empty bodies.
 #pragma once
 
 #include <cuda.h>

@@ -336,8 +336,9 @@ def test_conv2d_tma_halo_plan(si, monkeypatch):
 # phases' persistent launch at stride 2, whose phase outputs are strided views of grad_input): the geometry above (the
 # 68-channel 1x1 stride 2: one phase with taps, into grad_input rows of 136 bytes, which no tensor map can address;
 # stride 2 over 9 rows: phase views that do not nest; both store from the registers), ResNet-18's 64 -> 64 at 32x32
-# (BN 64, halo), 128 -> 128 at 16x16 (BN 128, halo), 256 -> 256 at 8x8 (several images per tile) and a 64 -> 128
-# stride-2 3x3 at 16x16 (four phases of 8x8, each with its output map). Not the 300-wide row, which the rung refuses.
+# (BN 64, halo), 128 -> 128 at 16x16 (BN 128, halo), 256 -> 256 at 8x8 (several images per tile), a 64 -> 128
+# stride-2 3x3 at 16x16 (four phases of 8x8, each with its output map), and three with more tiles than SMs. Not the
+# 300-wide row, which the rung refuses.
 STORE_SHAPES = (
     TMA_SHAPES[:-6]
     + TMA_SHAPES[-5:]
@@ -346,6 +347,11 @@ STORE_SHAPES = (
         (4, 128, 16, 16, 128, 3, 3, 1, 1, 1, 1),
         (3, 256, 8, 8, 256, 3, 3, 1, 1, 1, 1),
         (4, 64, 16, 16, 128, 3, 3, 2, 1, 1, 1),
+        # more tiles than an H100 / H200 has SMs, so blocks reuse the staging (the wait for the last copy's reads):
+        # 400 tiles (halo, BN 64), 300 (BN 128, 4 images a tile), 256 over four stride phases
+        (100, 64, 32, 32, 64, 3, 3, 1, 1, 1, 1),
+        (600, 256, 8, 8, 256, 3, 3, 1, 1, 1, 1),
+        (64, 64, 32, 32, 128, 3, 3, 2, 1, 1, 1),
     ]
 )
 
@@ -362,11 +368,12 @@ def test_conv2d_tma_store_epilogue(si, monkeypatch):
     st, pad, dil, groups = _pair(conv["stride"]), _pair(conv["padding"]), _pair(conv["dilation"]), conv["groups"]
     op = torch.ops.torchext
     y64 = F.conv2d(x.double(), w.double(), b.double(), st, pad, dil, groups)
+    y_like = torch.empty_like(y64, dtype=x.dtype)  # the poison's size and NaN pattern: the output's dtype
 
     def run():
-        poison_allocator("cuda", y64)
+        poison_allocator("cuda", y_like)
         y = op.conv2d(x, w, b, st, pad, dil, groups, "relu", "implicit_tma")
-        poison_allocator("cuda", y64)
+        poison_allocator("cuda", y_like)
         stats = op.conv2d_stats(x, w, b, st, pad, dil, groups, "implicit_tma")
         poison_allocator("cuda", x)
         gx = None
