@@ -467,7 +467,7 @@ size_t conv2d_implicit_workspace_bytes(Conv2dPass pass, const Conv2dArgs<T>& a) 
       return backward_input_workspace_bytes<T>(sh);
     case Conv2dPass::backward_weight: {
       const int64_t splits = sh.n * sh.p * sh.q == 0 ? 1 : wgrad_splits_for<T>(sh);
-      return splits > 1 ? static_cast<size_t>(splits * sh.k * sh.r * sh.s * sh.c) * sizeof(float) : 0;
+      return wgrad_partials_bytes(splits, sh);
     }
   }
   return 0;

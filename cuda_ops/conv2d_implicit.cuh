@@ -239,6 +239,12 @@ inline int wgrad_split_count(int64_t tiles, int64_t num_kt, int per_sm, int64_t 
   return static_cast<int>(per > 0 ? (num_kt + per - 1) / per : 1);
 }
 
+// A split weight gradient's workspace: each split's float32 partial of the whole K R S C gradient (none unsplit), which
+// the fixed-order reduction adds.
+inline size_t wgrad_partials_bytes(int64_t splits, const Conv2dShape& sh) {
+  return splits > 1 ? static_cast<size_t>(splits * sh.k * sh.r * sh.s * sh.c) * sizeof(float) : 0;
+}
+
 // A channels-last activation tensor the 16-byte loads can read: channel stride 1, the channel count and the
 // other strides multiples of the chunk, base aligned.
 template <typename T>

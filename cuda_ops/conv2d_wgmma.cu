@@ -764,15 +764,16 @@ bool make_tma_maps(const FpropParams<T>& p, int bn, TmaBoxes& geo, CUtensorMap* 
   return r == CUDA_SUCCESS;
 }
 
+// The most shared memory a TMA-store launch takes (any tile width, with or without the halo plan).
+constexpr int kStoreSmemBytes = std::max({WgTile<64, false, true>::kSmemBytes, WgTile<128, false, true>::kSmemBytes,
+                                          WgTile<64, true, true>::kSmemBytes, WgTile<128, true, true>::kSmemBytes});
+
 // The TMA-store epilogue's map of a GEMM's output (boxes of {64 channels, Q, box_p rows, box_n images}, the tile's
 // pixels in its row order), where the output has one (a 16-byte-aligned start, channels-last strides that nest) and
-// the launch's shared memory fits; false otherwise (the epilogue then stores from the registers).
+// the device has the shared memory; false otherwise (the epilogue then stores from the registers).
 template <typename T>
-bool make_output_map(const FpropParams<T>& p, const TmaBoxes& geo, int bn, CUtensorMap& map) {
-  const int smem = geo.halo_r > 0
-                       ? (bn == 64 ? WgTile<64, true, true>::kSmemBytes : WgTile<128, true, true>::kSmemBytes)
-                       : (bn == 64 ? WgTile<64, false, true>::kSmemBytes : WgTile<128, false, true>::kSmemBytes);
-  return smem_optin() >= smem && reinterpret_cast<uintptr_t>(p.y) % 16 == 0 &&
+bool make_output_map(const FpropParams<T>& p, const TmaBoxes& geo, CUtensorMap& map) {
+  return smem_optin() >= kStoreSmemBytes && reinterpret_cast<uintptr_t>(p.y) % 16 == 0 &&
          encode_nhwc_map<T>(map, p.y, p.n, geo.box_q, geo.out_p, geo.images, p.y_sw, p.y_sh, p.y_sn, geo.box_q,
                             geo.box_p, geo.box_n, 1, 1);
 }
@@ -799,7 +800,7 @@ cudaError_t run_tma_fprop(const FpropParams<T>& p, bool relu, bool stats, cudaSt
   // consumers write the tile to shared memory and go on to the next tile while the copy engine stores it. With
   // direct stores from the registers both consumers stood in the epilogue for about 40% of their time at 128 -> 128
   // channels, 16x16 (Nsight Compute warp samples, docs/conv2d.md): the tensor pipe idled meanwhile.
-  const bool store = tma_store_enabled() && make_output_map(p, set.geo[0], bn, maps.m[2]);
+  const bool store = tma_store_enabled() && make_output_map(p, set.geo[0], maps.m[2]);
   return bn == 64 ? launch_tma_fprop_bn<T, 64>(set, maps, store, relu, stats, stream)
                   : launch_tma_fprop_bn<T, 128>(set, maps, store, relu, stats, stream);
 }
@@ -828,7 +829,7 @@ cudaError_t run_tma_phases(const FpropParams<T>* phases, int count, cudaStream_t
       set.p[i] = order[first + i];
       if (set.p[i].m == 0 || set.p[i].n == 0 || set.p[i].k == 0) return cudaErrorInvalidValue;
       if (!make_tma_maps(set.p[i], bn, set.geo[i], &maps.m[2 * i])) return cudaErrorNotSupported;
-      store = store && make_output_map(set.p[i], set.geo[i], bn, maps.m[2 * kTmaPhases + i]);
+      store = store && make_output_map(set.p[i], set.geo[i], maps.m[2 * kTmaPhases + i]);
     }
     cudaError_t err;
     if (bn == 64) {
