@@ -9,6 +9,10 @@ Each call runs on a tiny tensor (4 x 16), so the kernels' own work is negligible
 host-bound and its time per call is the host cost; on the CPU the time includes the CPU kernels, which do little at
 this size. fwd+bwd is ``module(x).sum().backward()``; the row ``sum+backward`` is that scalar's own share, the same
 for every provider. Median of 7 runs of --calls calls each; p20 and p80 of those runs.
+
+A second table times a ResNet step's layers on a tiny channels-last image batch (2 x 16 x 4 x 4; under bf16 autocast
+on CUDA, as the recipe runs): torchext's Conv2d, Conv2dStats and BatchNormReLU2d against nn.Conv2d and nn.BatchNorm2d +
+nn.ReLU, and a tensor read twice through torchext.functional.fork against plain reuse, forward + backward each.
 """
 
 import argparse
@@ -42,6 +46,32 @@ def modules(device):
             target,
         ),
     }
+
+
+# The layers of a ResNet step on a tiny channels-last image batch (2 x 16 x 4 x 4), under autocast on CUDA (bf16, as
+# the recipe runs): torchext's modules as swap_modules makes them against torch.nn's.
+IMAGE = (2, 16, 4, 4)
+
+
+def image_modules(device):
+    conv = nn.Conv2d(16, 16, 3, padding=1, bias=False, device=device).to(memory_format=torch.channels_last)
+    bn = nn.BatchNorm2d(16, device=device)
+    return {
+        "conv3x3": (torchext.nn.Conv2d.from_torch(conv), conv),
+        "conv3x3_stats": (_first(torchext.nn.Conv2dStats.from_torch(conv)), conv),
+        "bn+relu": (torchext.nn.BatchNormReLU2d.from_torch(bn), nn.Sequential(bn, nn.ReLU())),
+    }
+
+
+class _first(nn.Module):
+    """A module's first result (Conv2dStats returns (out, sum, sum_sq) in training)."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, x):
+        return self.m(x)[0]
 
 
 def per_call_us(fn, calls: int, device: str):
@@ -86,6 +116,32 @@ def main(argv=None):
             with torch.no_grad():
                 record(op, provider, "fwd", per_call_us(call, args.calls, device))
             record(op, provider, "fwd+bwd", per_call_us(lambda c=call: c().sum().backward(), args.calls, device))
+    xi = torch.randn(IMAGE, device=device).to(memory_format=torch.channels_last).requires_grad_(True)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device != "cpu" else torch.autocast("cpu", enabled=False)
+    img_rows = {}
+    for op, (ours, theirs) in image_modules(device).items():
+        for provider, module in (("torchext", ours), ("torch", theirs)):
+
+            def call(m=module):
+                with amp:
+                    return m(xi)
+
+            t = per_call_us(lambda c=call: c().float().sum().backward(), args.calls, device)
+            w.row(op, provider, "fwd+bwd", IMAGE, "bf16 autocast" if device != "cpu" else xi.dtype, "host_time", "us",
+                  t.p50, t.p20, t.p80)  # fmt: skip
+            img_rows[(op, provider)] = t.p50
+
+    # A tensor read twice: torchext.functional.fork (an autograd.Function whose backward adds with torchext's add)
+    # against plain reuse (autograd sums the two gradients itself, with ATen's add).
+    def twice(pair):
+        (pair[0] + pair[1]).sum().backward()
+
+    forks = {"fork": lambda: twice(torchext.functional.fork(xi, 2)), "reused": lambda: twice((xi, xi))}
+    for name, fn in forks.items():
+        t = per_call_us(fn, args.calls, device)
+        w.row(name, "torchext" if name != "reused" else "torch", "fwd+bwd", IMAGE, xi.dtype, "host_time", "us",
+              t.p50, t.p20, t.p80)  # fmt: skip
+        img_rows[(name, "-")] = t.p50
     w.close()
     print(f"host time per call, us ({env['gpu']}, torch {env['torch']}, torchext {env['version']})")
     print(f"{'op':22s} {'mode':8s} {'torchext':>9s} {'torch':>9s}")
@@ -97,6 +153,11 @@ def main(argv=None):
                     print(f"{op:22s} {mode:8s} {table[(op, '-', mode)]:9.1f}")
                 continue
             print(f"{op:22s} {mode:8s} {table[(op, 'torchext', mode)]:9.1f} {table[(op, 'torch', mode)]:9.1f}")
+    print(f"\n{IMAGE} channels-last{', bf16 autocast' if device != 'cpu' else ''}, fwd+bwd (out.float().sum())")
+    for op in image_modules(device):
+        print(f"{op:22s} {'fwd+bwd':8s} {img_rows[(op, 'torchext')]:9.1f} {img_rows[(op, 'torch')]:9.1f}")
+    for name in forks:
+        print(f"{name:22s} {'fwd+bwd':8s} {img_rows[(name, '-')]:9.1f}")
 
 
 if __name__ == "__main__":

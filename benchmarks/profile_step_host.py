@@ -10,7 +10,17 @@ GPU synchronized before each so that no step waits on the GPU's queue), the laun
 and its variants; memsets and copies apart), and the ops with the most self CPU time per step (the profiler's
 ``self_cpu_time_total`` over the profiled steps), and the synchronizing calls torch sees in one step
 (``torch.cuda.set_sync_debug_mode``); with ``--cprofile``, the Python functions by their own time
-(cProfile, whose overhead inflates Python calls against C++ ones: read it for the ranking)."""
+(cProfile, whose overhead inflates Python calls against C++ ones: read it for the ranking).
+
+``--phases``: the step's host time split by phase (forward with the loss under autocast, zero_grad, backward, the
+optimizer step, the schedule's step; the GPU synchronized before each, so that each figure is the host's own work),
+median of ``--steps`` steps after 5, and the forward's host time per leaf module (the time between successive leaf
+modules' forward hooks, the GPU synchronized in each hook: glue between modules, such as a fork, lands in the next
+module's figure; post hooks only, since a forward pre-hook makes torchext's BatchNorm compute its own statistics).
+
+``--spin SECONDS --provider P``: runs P's iteration for that long and nothing else, for a native sampling profiler to
+attach once the line START is printed, e.g. ``py-spy record --native --threads --idle -r 200 --duration 5 -f raw
+--pid PID`` (benchmarks/pyspy_summary.py reads its output)."""
 
 import argparse
 import contextlib
@@ -20,6 +30,7 @@ import io
 import itertools
 import os
 import pstats
+import statistics
 import sys
 import time
 import warnings
@@ -34,7 +45,7 @@ from common import CsvWriter, environment  # noqa: E402
 
 from torchext import fusion  # noqa: E402
 from torchext.compare.devices import _Dist  # noqa: E402
-from torchext.compare.train import _train_batch  # noqa: E402
+from torchext.compare.train import _autocast, _train_batch  # noqa: E402
 
 LAUNCH = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 
@@ -59,6 +70,69 @@ def profile(fn, steps: int, device: torch.device):
     launches = sum(e.count for e in events if e.key in LAUNCH) / steps
     ops = sorted(((e.key, e.count / steps, e.self_cpu_time_total / steps) for e in events), key=lambda r: -r[2])
     return (host[len(host) // 2], host[len(host) // 5], host[(4 * len(host)) // 5]), launches, ops
+
+
+def phases(c, premade, cfg, device: torch.device, steps: int) -> dict:
+    """{phase: median host us}: the step's phases timed apart, the GPU synchronized before each (see --phases)."""
+    it = itertools.cycle(premade)
+    times = {k: [] for k in ("forward", "zero_grad", "backward", "step", "schedule", "total")}
+
+    def timed(fn):
+        sync(device)
+        t = time.perf_counter()
+        out = fn()
+        return out, time.perf_counter() - t
+
+    def forward(xb, yb):
+        with _autocast(device, cfg.amp):
+            return c.criterion(c.train_model(xb), yb)
+
+    def step():
+        c.scaler.step(c.optimizer)
+        c.scaler.update()
+
+    for i in range(steps + 5):
+        xb, yb = next(it)
+        loss, t_forward = timed(lambda: forward(xb, yb))  # noqa: B023 (called at once)
+        _, t_zero = timed(lambda: c.optimizer.zero_grad(set_to_none=True))
+        _, t_backward = timed(c.scaler.scale(loss).backward)
+        _, t_step = timed(step)
+        _, t_schedule = timed(c.scheduler.step if c.scheduler is not None else (lambda: None))
+        marks = [t_forward, t_zero, t_backward, t_step, t_schedule]
+        if i >= 5:
+            for name, dt in zip(times, [*marks, sum(marks)], strict=True):
+                times[name].append(dt * 1e6)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def module_forward_times(c, premade, cfg, device: torch.device, steps: int) -> list:
+    """[(module name, class, median host us)] of the forward's leaf modules in call order (see --phases)."""
+    times, last = {}, [0.0]
+    modules = dict(c.train_model.named_modules())
+
+    def hook(module, inputs, output, name):
+        times.setdefault(name, []).append((time.perf_counter() - last[0]) * 1e6)
+        sync(device)
+        last[0] = time.perf_counter()
+
+    hooks = [
+        m.register_forward_hook(lambda mod, i, o, name=name: hook(mod, i, o, name))
+        for name, m in modules.items()
+        if not list(m.children())
+    ]
+    try:
+        for xb, _ in itertools.islice(itertools.cycle(premade), steps + 2):
+            sync(device)
+            last[0] = time.perf_counter()
+            with _autocast(device, cfg.amp):
+                out = c.train_model(xb)
+            times.setdefault("(after the last module)", []).append((time.perf_counter() - last[0]) * 1e6)
+            del out
+    finally:
+        for h in hooks:
+            h.remove()
+        c.optimizer.zero_grad(set_to_none=True)
+    return [(n, type(modules[n]).__name__ if n in modules else "", statistics.median(v[2:])) for n, v in times.items()]
 
 
 def synchronizing_calls(fn, device: torch.device) -> list[str]:
@@ -90,6 +164,9 @@ def main(argv=None):
         action="store_true",
         help="swap_modules without its convolution -> BatchNorm statistics (each BatchNorm runs its own pass)",
     )
+    p.add_argument("--phases", action="store_true", help="also the host time per phase and per leaf module")
+    p.add_argument("--spin", type=float, default=0.0, help="run one provider's iteration this long, for py-spy")
+    p.add_argument("--provider", default="torchext", help="--spin's provider: torchext or stock")
     p.add_argument("--out", default="benchmarks/results/step_host_gpu.csv")
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -111,7 +188,7 @@ def main(argv=None):
         conv = "cuDNN's convolutions" if args.no_swap_conv else "every layer torchext's"
         conv += ", BatchNorms on their own statistics (--no-conv-stats)" if args.no_conv_stats else ""
         print(f"## {model}: batch {cfg.batch_size}, {cfg.optimizer}, amp {cfg.amp}, torchext: {conv}\n")
-        results, cprofiles = {}, {}
+        results, cprofiles, phase_times, module_times = {}, {}, {}, {}
         for provider, c in contenders.items():
             c.net.train()
             loss_sum = torch.zeros((), device=device)
@@ -122,6 +199,28 @@ def main(argv=None):
 
             for _ in range(5):
                 fn()
+            if args.spin > 0:
+                if provider != args.provider:
+                    continue
+                sync(device)
+                print("START", flush=True)
+                t0, n = time.perf_counter(), 0
+                while time.perf_counter() - t0 < args.spin:
+                    fn()
+                    n += 1
+                sync(device)
+                print(f"{provider}: {n} steps, {(time.perf_counter() - t0) / n * 1e3:.2f} ms a step", flush=True)
+                return
+            if args.phases:
+                phase_times[provider] = phases(c, premade, cfg, device, args.steps)
+                module_times[provider] = module_forward_times(c, premade, cfg, device, args.steps)
+                shape = (cfg.batch_size, 3, 32, 32)
+                for name, us in phase_times[provider].items():
+                    writer.row(model, provider, f"phase {name}", shape, cfg.amp, "host_time", "us", us, us, us)
+                for name, cls, us in module_times[provider]:
+                    writer.row(
+                        model, provider, f"forward {name} ({cls})", shape, cfg.amp, "host_time", "us", us, us, us
+                    )
             syncs = synchronizing_calls(fn, device)
             results[provider] = profile(fn, args.steps, device)
             if args.cprofile:
@@ -154,6 +253,22 @@ def main(argv=None):
             print("|---|---|---|")
             for name, calls, us in ops[: args.top]:
                 print(f"| {name[:90]} | {calls:.1f} | {us:.1f} |")
+        if phase_times:
+            names = list(phase_times)
+            print("\n### Host time per phase, us (median; the GPU synchronized before each phase)\n")
+            print("| phase | " + " | ".join(names) + " |")
+            print("|---|" + "---|" * len(names))
+            for phase in phase_times[names[0]]:
+                print(f"| {phase} | " + " | ".join(f"{phase_times[n][phase]:.0f}" for n in names) + " |")
+            for provider, rows in module_times.items():
+                print(
+                    f"\n### {provider}: forward host time per leaf module, us (median; glue before a module included)\n"
+                )
+                print("| module | class | us |")
+                print("|---|---|---|")
+                for name, cls, us in rows:
+                    print(f"| {name} | {cls} | {us:.1f} |")
+                print(f"| sum | | {sum(us for _, _, us in rows):.0f} |")
         for provider, text in cprofiles.items():
             print(f"\n### {provider}: cProfile over {args.steps} steps, by own time\n\n```\n{text.strip()}\n```")
         print()
