@@ -152,3 +152,57 @@ def test_loop_benchmark_timeline_runs_on_the_cpu(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "## mlp: batch 8" in table and "runs of one epoch's 2 steps (--timeline)" in table, table
     assert "| torchext, epoch_nogc |" in table and "Where a run's time goes" in table, table
+
+
+def _load_benchmark(name: str):
+    path = os.path.join(REPO_ROOT, "benchmarks", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_step_host_profile_phases_and_spin_run_on_the_cpu(tmp_path, capsys):
+    """benchmarks/profile_step_host.py --phases on the CPU: a host-time row per (provider, phase) and per leaf module,
+    the phases' total their sum, and the tables; --spin runs one provider's loop and says so."""
+    bench = _load_benchmark("profile_step_host")
+    out = tmp_path / "host.csv"
+    bench.main(["--device", "cpu", "--models", "mlp", "--phases", "--steps", "2", "--top", "3", "--out", str(out)])
+    rows = out.read_text().splitlines()
+    header = rows[0].split(",")
+    cells = [dict(zip(header, r.split(","), strict=True)) for r in rows[1:]]
+    phases = ("forward", "zero_grad", "backward", "step", "schedule", "total")
+    for provider in ("stock", "torchext"):
+        got = {c["mode"][len("phase ") :]: float(c["p50"]) for c in cells if c["provider"] == provider and
+               c["mode"].startswith("phase ")}  # fmt: skip
+        assert set(got) == set(phases), (provider, got)
+        assert all(v >= 0 for v in got.values()) and got["forward"] > 0 and got["backward"] > 0, got
+        modules = [c for c in cells if c["provider"] == provider and c["mode"].startswith("forward ")]
+        assert len(modules) >= 3 and any("Linear" in c["mode"] for c in modules), [c["mode"] for c in modules]
+    table = capsys.readouterr().out
+    assert "### Host time per phase" in table and "| backward |" in table, table
+    assert "### torchext: forward host time per leaf module" in table, table
+    bench.main(["--device", "cpu", "--models", "mlp", "--spin", "0.05", "--provider", "stock", "--out", str(out)])
+    spun = capsys.readouterr().out
+    assert "START" in spun and "\nstock: " in spun and spun.count(" ms a step") == 1, spun
+    assert "synchronizing call" not in spun and "### Host time per phase" not in spun, spun
+
+
+def test_pyspy_summary_reads_raw_stacks(tmp_path, capsys):
+    """benchmarks/pyspy_summary.py on a hand-made raw file (py-spy's format: thread;frames... count): the threads'
+    shares, inclusive and self shares (line numbers and addresses folded), and --under's breakdown."""
+    raw = tmp_path / "spy.txt"
+    raw.write_text(
+        "thread (1): MainThread;main (a.py:1);step (a.py:5);0x7f00 (libx.so) 6\n"
+        "thread (1): MainThread;main (a.py:1);step (a.py:9);conv (libt.so) 3\n"
+        "thread (2);wait (libc.so) 11\n"
+    )
+    summary = _load_benchmark("pyspy_summary")
+    summary.main([str(raw), "--top", "5"])
+    text = capsys.readouterr().out
+    assert "20 samples" in text and "45.0%  thread (1): MainThread" in text and "55.0%  thread (2)" in text, text
+    assert "45.0%  step (a.py)" in text and "30.0%  ?? (libx.so)" in text, text
+    summary.main([str(raw), "--under", "step (", "--depth", "1"])
+    text = capsys.readouterr().out
+    assert "under 'step (': 45.0% of all samples" in text and "30.0%  ?? (libx.so)" in text, text
+    assert "15.0%  conv (libt.so)" in text, text
