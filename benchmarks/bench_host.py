@@ -10,9 +10,12 @@ host-bound and its time per call is the host cost; on the CPU the time includes 
 this size. fwd+bwd is ``module(x).sum().backward()``; the row ``sum+backward`` is that scalar's own share, the same
 for every provider. Median of 7 runs of --calls calls each; p20 and p80 of those runs.
 
-A second table times a ResNet step's layers on a tiny channels-last image batch (2 x 16 x 4 x 4; under bf16 autocast
-on CUDA, as the recipe runs): torchext's Conv2d, Conv2dStats and BatchNormReLU2d against nn.Conv2d and nn.BatchNorm2d +
-nn.ReLU, and a tensor read twice through torchext.functional.fork against plain reuse, forward + backward each.
+A second table times a ResNet step's layers on a tiny channels-last image batch (2 x 16 x 4 x 4, float32; the modules
+called under bf16 autocast on CUDA): torchext's Conv2d, Conv2dStats and BatchNormReLU2d against nn.Conv2d and
+nn.BatchNorm2d + nn.ReLU, and a tensor read twice through torchext.functional.fork against plain reuse, forward +
+backward each (``out.float().sum().backward()``). The input stays float32, so each convolution also casts it (both
+providers) and the BatchNorms run in float32, where in the recipe they see bf16 activations; and the shared
+``.float().sum().backward()`` is not subtracted, so the ratios understate the differences.
 """
 
 import argparse
@@ -48,8 +51,9 @@ def modules(device):
     }
 
 
-# The layers of a ResNet step on a tiny channels-last image batch (2 x 16 x 4 x 4), under autocast on CUDA (bf16, as
-# the recipe runs): torchext's modules as swap_modules makes them against torch.nn's.
+# The layers of a ResNet step on a tiny channels-last image batch (2 x 16 x 4 x 4), under autocast on CUDA (bf16):
+# torchext's modules as swap_modules makes them against torch.nn's (see the module docstring for what differs from the
+# recipe).
 IMAGE = (2, 16, 4, 4)
 
 

@@ -16,11 +16,13 @@ and its variants; memsets and copies apart), and the ops with the most self CPU 
 optimizer step, the schedule's step; the GPU synchronized before each, so that each figure is the host's own work),
 median of ``--steps`` steps after 5, and the forward's host time per leaf module (the time between successive leaf
 modules' forward hooks, the GPU synchronized in each hook: glue between modules, such as a fork, lands in the next
-module's figure; post hooks only, since a forward pre-hook makes torchext's BatchNorm compute its own statistics).
+module's figure; post hooks only, since a forward pre-hook makes torchext's BatchNorm compute its own statistics). A
+hook, and its synchronization, cost each module call some host time of their own, so these figures are above the
+unhooked forward's share, by more for the model with more leaf modules (stock's ResNet-18 has 60, torchext's 43).
 
-``--spin SECONDS --provider P``: runs P's iteration for that long and nothing else, for a native sampling profiler to
-attach once the line START is printed, e.g. ``py-spy record --native --threads --idle -r 200 --duration 5 -f raw
---pid PID`` (benchmarks/pyspy_summary.py reads its output)."""
+``--spin SECONDS --provider P``: runs P's iteration (of the first of --models) for that long and nothing else, for a
+native sampling profiler to attach once the line START is printed, e.g. ``py-spy record --native --threads --idle -r
+200 --duration 5 -f raw --pid PID`` (benchmarks/pyspy_summary.py reads its output); it writes no rows."""
 
 import argparse
 import contextlib
@@ -73,7 +75,9 @@ def profile(fn, steps: int, device: torch.device):
 
 
 def phases(c, premade, cfg, device: torch.device, steps: int) -> dict:
-    """{phase: median host us}: the step's phases timed apart, the GPU synchronized before each (see --phases)."""
+    """{phase: median host us}: the step's phases timed apart, the GPU synchronized before each (see --phases); 'total'
+    is the median of the steps' sums. The tool's own bookkeeping after the step (the loss added to its running sum)
+    is left out, and the step runs eagerly whatever cfg.cuda_graphs says. Takes steps + 5 real optimizer steps."""
     it = itertools.cycle(premade)
     times = {k: [] for k in ("forward", "zero_grad", "backward", "step", "schedule", "total")}
 
@@ -95,7 +99,7 @@ def phases(c, premade, cfg, device: torch.device, steps: int) -> dict:
         xb, yb = next(it)
         loss, t_forward = timed(lambda: forward(xb, yb))  # noqa: B023 (called at once)
         _, t_zero = timed(lambda: c.optimizer.zero_grad(set_to_none=True))
-        _, t_backward = timed(c.scaler.scale(loss).backward)
+        _, t_backward = timed(lambda: c.scaler.scale(loss).backward())  # noqa: B023 (called at once)
         _, t_step = timed(step)
         _, t_schedule = timed(c.scheduler.step if c.scheduler is not None else (lambda: None))
         marks = [t_forward, t_zero, t_backward, t_step, t_schedule]
@@ -106,33 +110,42 @@ def phases(c, premade, cfg, device: torch.device, steps: int) -> dict:
 
 
 def module_forward_times(c, premade, cfg, device: torch.device, steps: int) -> list:
-    """[(module name, class, median host us)] of the forward's leaf modules in call order (see --phases)."""
-    times, last = {}, [0.0]
+    """[(module name, class, median host us)] of the forward's leaf modules in first-call order (see --phases): a
+    module called several times in one forward gets the sum of its calls in that forward. The forwards run in
+    training mode (BatchNorm running statistics move, as in any step); the gradients they leave are cleared."""
+    per_forward, order, last = [], {}, [0.0]
     modules = dict(c.train_model.named_modules())
 
-    def hook(module, inputs, output, name):
-        times.setdefault(name, []).append((time.perf_counter() - last[0]) * 1e6)
+    def hook(name):
+        now = time.perf_counter()
+        acc = per_forward[-1]
+        acc[name] = acc.get(name, 0.0) + (now - last[0]) * 1e6
+        order.setdefault(name, len(order))
         sync(device)
         last[0] = time.perf_counter()
 
     hooks = [
-        m.register_forward_hook(lambda mod, i, o, name=name: hook(mod, i, o, name))
-        for name, m in modules.items()
+        m.register_forward_hook(lambda mod, i, o, name=name: hook(name)) for name, m in modules.items()
         if not list(m.children())
-    ]
+    ]  # fmt: skip
     try:
         for xb, _ in itertools.islice(itertools.cycle(premade), steps + 2):
+            per_forward.append({})
             sync(device)
             last[0] = time.perf_counter()
             with _autocast(device, cfg.amp):
                 out = c.train_model(xb)
-            times.setdefault("(after the last module)", []).append((time.perf_counter() - last[0]) * 1e6)
+            hook("(after the last module)")
             del out
     finally:
         for h in hooks:
             h.remove()
         c.optimizer.zero_grad(set_to_none=True)
-    return [(n, type(modules[n]).__name__ if n in modules else "", statistics.median(v[2:])) for n, v in times.items()]
+    rows = []
+    for name in sorted(order, key=order.get):
+        values = [f.get(name, 0.0) for f in per_forward[2:]]
+        rows.append((name, type(modules[name]).__name__ if name in modules else "", statistics.median(values)))
+    return rows
 
 
 def synchronizing_calls(fn, device: torch.device) -> list[str]:
@@ -166,12 +179,12 @@ def main(argv=None):
     )
     p.add_argument("--phases", action="store_true", help="also the host time per phase and per leaf module")
     p.add_argument("--spin", type=float, default=0.0, help="run one provider's iteration this long, for py-spy")
-    p.add_argument("--provider", default="torchext", help="--spin's provider: torchext or stock")
+    p.add_argument("--provider", default="torchext", choices=("torchext", "stock"), help="--spin's provider")
     p.add_argument("--out", default="benchmarks/results/step_host_gpu.csv")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     env = environment(args.device)
-    writer = CsvWriter(args.out, env)
+    writer = CsvWriter(os.devnull if args.spin > 0 else args.out, env)  # --spin writes no rows
     print(f"# Host time of one training step ({env['gpu']}, torch {env['torch']}, CUDA {env['cuda']}, {env['date']})\n")
     for model in args.models.split(","):
         batch = 16 if device.type == "cpu" else None

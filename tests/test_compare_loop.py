@@ -164,7 +164,7 @@ def _load_benchmark(name: str):
 
 def test_step_host_profile_phases_and_spin_run_on_the_cpu(tmp_path, capsys):
     """benchmarks/profile_step_host.py --phases on the CPU: a host-time row per (provider, phase) and per leaf module,
-    the phases' total their sum, and the tables; --spin runs one provider's loop and says so."""
+    and the tables; --spin runs one provider's loop, says so and writes no rows."""
     bench = _load_benchmark("profile_step_host")
     out = tmp_path / "host.csv"
     bench.main(["--device", "cpu", "--models", "mlp", "--phases", "--steps", "2", "--top", "3", "--out", str(out)])
@@ -182,8 +182,10 @@ def test_step_host_profile_phases_and_spin_run_on_the_cpu(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "### Host time per phase" in table and "| backward |" in table, table
     assert "### torchext: forward host time per leaf module" in table, table
+    before = out.read_text()
     bench.main(["--device", "cpu", "--models", "mlp", "--spin", "0.05", "--provider", "stock", "--out", str(out)])
     spun = capsys.readouterr().out
+    assert out.read_text() == before, "[--spin writes no rows]"
     assert "START" in spun and "\nstock: " in spun and spun.count(" ms a step") == 1, spun
     assert "synchronizing call" not in spun and "### Host time per phase" not in spun, spun
 
