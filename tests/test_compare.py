@@ -409,6 +409,7 @@ def test_cli_parsing_and_argv_round_trip():
         CompareConfig(model="cnn_cifar", compile_mode="max-autotune-no-cudagraphs"),
         CompareConfig(model="cnn_cifar", compile=True, torchext_compile="decompose"),
         CompareConfig(swap_optimizer=False),
+        CompareConfig(model="resnet18_cifar", swap_conv=True, forks=False),
     ):
         back = compare.config_from_args(compare.build_parser().parse_args(c.to_argv()))
         assert back == c, f"[to_argv] {c.to_argv()}"
@@ -665,3 +666,16 @@ def test_sigusr1_prints_the_stacks_and_the_run_goes_on():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "carried on", proc.stdout
     assert "where_we_are" in proc.stderr and "most recent call first" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_no_forks_leaves_the_residual_inputs_unforked():
+    """--no-forks passes forks=False to swap_modules: the fully swapped ResNet-18 keeps its fusions and convolution
+    statistics but no fork (autograd sums the residual inputs' gradients with ATen's add); by default it has 8."""
+    from torchext.compare.train import _swap
+    from torchext.models import get_model
+
+    for forks, expected in ((True, 8), (False, 0)):
+        cfg = CompareConfig(model="resnet18_cifar", swap_conv=True, forks=forks)
+        _, report = _swap(get_model("resnet18_cifar", num_classes=10), cfg)
+        assert len(report.graph_forks) == expected and len(report.graph_fused) == 17, str(report)
+        assert len(report.graph_conv_stats) == 20, str(report)

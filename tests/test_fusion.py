@@ -13,7 +13,6 @@ from conftest import device_params, gpu
 from torch import nn
 
 import torchext
-from torchext import fusion
 from torchext import nn as tnn
 
 
@@ -51,11 +50,11 @@ def _close(actual, expected, rel, msg=""):
     assert err <= rel * max(scale, 1e-30), f"{msg}: max error {err:.3g} against max |expected| {scale:.3g}"
 
 
-def _pair(name, device="cpu"):
+def _pair(name, device="cpu", **swap_args):
     make, shape, fusions = _models()[name]
     torch.manual_seed(0)
     stock = _randomize_bn(make()).double().to(device)
-    report = torchext.swap_modules(copy.deepcopy(stock), inplace=True)
+    report = torchext.swap_modules(copy.deepcopy(stock), inplace=True, **swap_args)
     return stock, report, shape, fusions
 
 
@@ -512,12 +511,11 @@ def test_forks_found_and_reported(name):
         assert "layer1.1.bn2 -> layer2.0.downsample.0 + layer2.0.conv1" in modules, modules
 
 
-def _unforked(name, monkeypatch):
-    """The same swapped and fused model, without the forks."""
-    with monkeypatch.context() as m:
-        m.setattr(fusion, "_insert_forks", lambda gm, report: 0)
-        _, report, _, _ = _pair(name)
-    assert not _fork_nodes(report.model) and not report.graph_forks
+def _unforked(name):
+    """The same swapped and fused model, without the forks (swap_modules(forks=False))."""
+    _, report, _, _ = _pair(name, forks=False)
+    assert not _fork_nodes(report.model) and not report.graph_forks, str(report)
+    assert len(report.graph_fused) == _models()[name][2] and "0 fork(s)" in report.graph_note, report.graph_note
     return report.model
 
 
@@ -531,12 +529,12 @@ def _add_calls(model, x, g):
 
 
 @pytest.mark.parametrize("name", ["resnet18_cifar", "torchvision_resnet18"])
-def test_forked_gradients_equal_the_unforked_models_bit_for_bit(name, monkeypatch):
+def test_forked_gradients_equal_the_unforked_models_bit_for_bit(name):
     """torchext's add sums the two gradients of each block's input where autograd's own accumulation (ATen's add)
     did: the same a + b, so outputs, every gradient and the running statistics are the same bits, training and
     eval; and each fork's add replaces one of ATen's."""
     _, report, shape, _ = _pair(name)
-    forked, plain = report.model, _unforked(name, monkeypatch)
+    forked, plain = report.model, _unforked(name)
     for step in range(2):
         x = torch.randn(shape, dtype=torch.float64)
         xs = [x.clone().requires_grad_() for _ in range(2)]

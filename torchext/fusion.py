@@ -349,12 +349,12 @@ def _insert_forks(gm: fx.GraphModule, report) -> int:
     return forks
 
 
-def fuse_batch_norm(model: nn.Module, report, conv_stats: bool = True) -> nn.Module:
+def fuse_batch_norm(model: nn.Module, report, conv_stats: bool = True, forks: bool = True) -> nn.Module:
     """Rewrites ``model``'s BatchNorm + ReLU and BatchNorm + add + ReLU patterns, gives each BatchNorm after a
     convolution the convolution's sums (``conv_stats``), then forks the tensors that feed several torchext modules
-    (see the module docstring), and records each fusion (``report.graph_fused``; ``report.fused_bn`` maps each fused
-    BatchNorm's and Conv2dStats' name to its (old, new) class), each convolution giving its BatchNorm's statistics
-    (``report.graph_conv_stats``), each fork (``report.graph_forks``), each pattern left alone
+    (``forks``; see the module docstring), and records each fusion (``report.graph_fused``; ``report.fused_bn`` maps
+    each fused BatchNorm's and Conv2dStats' name to its (old, new) class), each convolution giving its BatchNorm's
+    statistics (``report.graph_conv_stats``), each fork (``report.graph_forks``), each pattern left alone
     (``report.graph_not_fused``) and how the model was handled (``report.graph_note``) in ``report`` (a
     ``SwapReport``). Returns the model to use: a GraphModule when something was fused or forked, else ``model``
     itself."""
@@ -436,7 +436,7 @@ def fuse_batch_norm(model: nn.Module, report, conv_stats: bool = True) -> nn.Mod
         report.graph_fused.append(GraphFused(pattern, names, f"torchext.nn.{new_cls.__name__}"))
         report.fused_bn[str(bn_node.target)] = (old_cls, new_cls)
     stats = _use_conv_stats(gm, report, calls) if conv_stats else 0
-    forks = _insert_forks(gm, report)
+    forks = _insert_forks(gm, report) if forks else 0
     if not fused_any and not stats and not forks:
         report.graph_note = "traced with torch.fx: no BatchNorm pattern to fuse and no tensor to fork"
         return model

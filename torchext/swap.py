@@ -348,6 +348,7 @@ def swap_modules(
     pooling: bool = True,
     conv_stats: bool = True,
     channels_last: bool = False,
+    forks: bool = True,
 ) -> SwapReport:
     """Swap ``model``'s ``nn.Linear`` (``linear=True``), ``nn.Conv2d`` (``conv=True``), ``nn.BatchNorm2d``
     (``batch_norm=True``), activation modules (``activations=True``: ReLU, LeakyReLU, Sigmoid, Tanh, GELU, SiLU,
@@ -359,9 +360,10 @@ def swap_modules(
     gradients are summed by torchext's add (torchext/fusion.py; ``report.model`` is then a ``torch.fx.GraphModule``
     holding the same modules and parameters). With ``conv_stats`` too, each torchext Conv2d that feeds only a torchext
     BatchNorm hands it its output's per-channel sums from the epilogue, and the BatchNorm skips its statistics pass
-    (``conv_stats=False``: each BatchNorm computes its own). With ``channels_last``, each torchext Conv2d's weight
-    is made channels-last (the module docstring). Returns a ``SwapReport``; ``report.model`` is the swapped model:
-    use it.
+    (``conv_stats=False``: each BatchNorm computes its own). ``forks=False`` leaves the tensors that feed several
+    torchext modules unforked: autograd then sums their gradients itself, with ATen's add. With ``channels_last``,
+    each torchext Conv2d's weight is made channels-last (the module docstring). Returns a ``SwapReport``;
+    ``report.model`` is the swapped model: use it.
 
     Swap before wrapping the model in ``torch.compile`` or DistributedDataParallel.
     """
@@ -501,7 +503,7 @@ def swap_modules(
     if fuse and batch_norm and activations:
         from .fusion import fuse_batch_norm
 
-        report.model = fuse_batch_norm(model, report, conv_stats=conv_stats)
+        report.model = fuse_batch_norm(model, report, conv_stats=conv_stats, forks=forks)
         for i, r in enumerate(report.replaced):
             if r.name in report.fused_bn:
                 report.replaced[i] = r._replace(new=class_name(report.fused_bn[r.name][1]))

@@ -88,8 +88,8 @@ class CompareConfig:
                       CPU must be asked for). Under torchrun each rank uses ``cuda:LOCAL_RANK`` (or the CPU when
                       the device is 'cpu').
     out:              output folder.
-    swap_linear, swap_conv, swap_activations, fuse: passed to ``torchext.swap_modules`` (as linear, conv,
-                      activations, fuse).
+    swap_linear, swap_conv, swap_activations, fuse, forks: passed to ``torchext.swap_modules`` (as linear,
+                      conv, activations, fuse, forks).
     swap_optimizer:   the torchext model's SGD is ``torchext.optim.SGD`` (the same update on torchext's kernel);
                       Adam, and SGD under ``cuda_graphs``, stay torch's.
     profile_steps:    training steps profiled for the GPU-time share (CUDA only; 0 skips it).
@@ -128,6 +128,7 @@ class CompareConfig:
     swap_conv: bool = False
     swap_activations: bool = True
     fuse: bool = True
+    forks: bool = True
     swap_optimizer: bool = True
     profile_steps: int = 10
     val_batch_size: int = 1000
@@ -258,6 +259,7 @@ _BOOL_OPTIONAL = (
     "swap_conv",
     "swap_activations",
     "fuse",
+    "forks",
     "swap_optimizer",
 )
 
@@ -400,6 +402,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--fuse", action=argparse.BooleanOptionalAction, default=True, help="fuse Linear / Conv2d + activation pairs"
+    )
+    p.add_argument(
+        "--forks",
+        action=argparse.BooleanOptionalAction,
+        default=d.forks,
+        help="fork the tensors that feed several torchext modules, so that torchext's add sums their gradients "
+        "(--no-forks: autograd sums them with ATen's add)",
     )
     p.add_argument(
         "--swap-optimizer",

@@ -248,6 +248,7 @@ def _swap(model: nn.Module, cfg: CompareConfig):
         inplace=True,
         fuse=cfg.fuse,
         conv=cfg.swap_conv,
+        forks=cfg.forks,
         # torchext's convolutions run NHWC: with channels-last weights the model runs channels-last from its first
         # convolution on, rather than converting each activation inside each convolution (swap_modules' docstring).
         channels_last=cfg.swap_conv,
