@@ -109,8 +109,8 @@ def main(argv=None):
     x = torch.randn(SHAPE, device=device, requires_grad=True)
     rows = []
 
-    def record(op, provider, mode, t):
-        w.row(op, provider, mode, SHAPE, x.dtype, "host_time", "us", t.p50, t.p20, t.p80)
+    def record(op, provider, mode, t, shape=SHAPE, dtype=x.dtype):
+        w.row(op, provider, mode, shape, dtype, "host_time", "us", t.p50, t.p20, t.p80)
         rows.append((op, provider, mode, t.p50))
 
     record("sum+backward", "-", "fwd+bwd", per_call_us(lambda: x.sum().backward(), args.calls, device))
@@ -122,8 +122,8 @@ def main(argv=None):
             record(op, provider, "fwd+bwd", per_call_us(lambda c=call: c().sum().backward(), args.calls, device))
     xi = torch.randn(IMAGE, device=device).to(memory_format=torch.channels_last).requires_grad_(True)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device != "cpu" else torch.autocast("cpu", enabled=False)
-    img_rows = {}
-    for op, (ours, theirs) in image_modules(device).items():
+    layers = image_modules(device)
+    for op, (ours, theirs) in layers.items():
         for provider, module in (("torchext", ours), ("torch", theirs)):
 
             def call(m=module):
@@ -131,21 +131,19 @@ def main(argv=None):
                     return m(xi)
 
             t = per_call_us(lambda c=call: c().float().sum().backward(), args.calls, device)
-            w.row(op, provider, "fwd+bwd", IMAGE, "bf16 autocast" if device != "cpu" else xi.dtype, "host_time", "us",
-                  t.p50, t.p20, t.p80)  # fmt: skip
-            img_rows[(op, provider)] = t.p50
+            record(op, provider, "fwd+bwd", t, IMAGE, "bf16 autocast" if device != "cpu" else xi.dtype)
 
     # A tensor read twice: torchext.functional.fork (an autograd.Function whose backward adds with torchext's add)
     # against plain reuse (autograd sums the two gradients itself, with ATen's add).
     def twice(pair):
         (pair[0] + pair[1]).sum().backward()
 
-    forks = {"fork": lambda: twice(torchext.functional.fork(xi, 2)), "reused": lambda: twice((xi, xi))}
-    for name, fn in forks.items():
-        t = per_call_us(fn, args.calls, device)
-        w.row(name, "torchext" if name != "reused" else "torch", "fwd+bwd", IMAGE, xi.dtype, "host_time", "us",
-              t.p50, t.p20, t.p80)  # fmt: skip
-        img_rows[(name, "-")] = t.p50
+    forks = {
+        ("fork", "torchext"): lambda: twice(torchext.functional.fork(xi, 2)),
+        ("reused", "torch"): lambda: twice((xi, xi)),
+    }
+    for (name, provider), fn in forks.items():
+        record(name, provider, "fwd+bwd", per_call_us(fn, args.calls, device), IMAGE, xi.dtype)
     w.close()
     print(f"host time per call, us ({env['gpu']}, torch {env['torch']}, torchext {env['version']})")
     print(f"{'op':22s} {'mode':8s} {'torchext':>9s} {'torch':>9s}")
@@ -158,10 +156,12 @@ def main(argv=None):
                 continue
             print(f"{op:22s} {mode:8s} {table[(op, 'torchext', mode)]:9.1f} {table[(op, 'torch', mode)]:9.1f}")
     print(f"\n{IMAGE} channels-last{', bf16 autocast' if device != 'cpu' else ''}, fwd+bwd (out.float().sum())")
-    for op in image_modules(device):
-        print(f"{op:22s} {'fwd+bwd':8s} {img_rows[(op, 'torchext')]:9.1f} {img_rows[(op, 'torch')]:9.1f}")
-    for name in forks:
-        print(f"{name:22s} {'fwd+bwd':8s} {img_rows[(name, '-')]:9.1f}")
+    for op in layers:
+        print(
+            f"{op:22s} {'fwd+bwd':8s} {table[(op, 'torchext', 'fwd+bwd')]:9.1f} {table[(op, 'torch', 'fwd+bwd')]:9.1f}"
+        )
+    for name, provider in forks:
+        print(f"{name:22s} {'fwd+bwd':8s} {table[(name, provider, 'fwd+bwd')]:9.1f}")
 
 
 if __name__ == "__main__":

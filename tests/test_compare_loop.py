@@ -107,12 +107,18 @@ def results_config(results: dict) -> compare.CompareConfig:
     return compare.CompareConfig(**cfg)
 
 
+def _load_benchmark(name: str):
+    """benchmarks/<name>.py as a module (the benchmarks are scripts, not a package)."""
+    path = os.path.join(REPO_ROOT, "benchmarks", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_loop_benchmark_runs_on_the_cpu(tmp_path, capsys):
     """benchmarks/bench_loop.py --device cpu --steps 3: a row per (provider, loop, metric) and the table."""
-    path = os.path.join(REPO_ROOT, "benchmarks", "bench_loop.py")
-    spec = importlib.util.spec_from_file_location("bench_loop", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _load_benchmark("bench_loop")
     out = tmp_path / "loop.csv"
     bench.main(["--device", "cpu", "--steps", "3", "--models", "mlp", "--batch-size", "8", "--out", str(out)])
     rows = out.read_text().splitlines()
@@ -132,10 +138,7 @@ def test_loop_benchmark_runs_on_the_cpu(tmp_path, capsys):
 def test_loop_benchmark_timeline_runs_on_the_cpu(tmp_path, capsys):
     """benchmarks/bench_loop.py --timeline on the CPU (runs of one epoch's 2 steps): a row per (provider, run kind,
     metric) and both of its tables."""
-    path = os.path.join(REPO_ROOT, "benchmarks", "bench_loop.py")
-    spec = importlib.util.spec_from_file_location("bench_loop", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _load_benchmark("bench_loop")
     out = tmp_path / "timeline.csv"
     argv = ["--device", "cpu", "--timeline", "--models", "mlp", "--batch-size", "8", "--epoch-images", "16"]
     bench.main([*argv, "--warmup", "0", "--out", str(out)])
@@ -152,14 +155,6 @@ def test_loop_benchmark_timeline_runs_on_the_cpu(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "## mlp: batch 8" in table and "runs of one epoch's 2 steps (--timeline)" in table, table
     assert "| torchext, epoch_nogc |" in table and "Where a run's time goes" in table, table
-
-
-def _load_benchmark(name: str):
-    path = os.path.join(REPO_ROOT, "benchmarks", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_step_host_profile_phases_and_spin_run_on_the_cpu(tmp_path, capsys):
