@@ -163,9 +163,12 @@ TORCH_LIBRARY(torchext, m) {
   // is_first_step sets each buffer to its first gradient (torch's clone) instead of blending. One dtype and one
   // device for every tensor; params dense. lr_tensor (one float32/float64 element on the params' device), if given,
   // replaces lr and is read on the device: no host synchronization, and a captured CUDA graph follows its updates.
-  // Not differentiable (call it under torch.no_grad(), as optimizers do).
+  // autocast_copies (float16 or bfloat16; CUDA float32 params): the kernel also writes each updated param, rounded to
+  // that dtype, into the copy that conv2d's CUDA autocast reads in place of casting the param
+  // (csrc/autocast_copies.h); ignored for other params. Not differentiable (call it under torch.no_grad(), as
+  // optimizers do).
   m.def(
       "sgd_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, float lr, float momentum=0., "
       "float dampening=0., float weight_decay=0., bool nesterov=False, bool maximize=False, bool is_first_step=False, "
-      "Tensor? lr_tensor=None) -> ()");
+      "Tensor? lr_tensor=None, ScalarType? autocast_copies=None) -> ()");
 }

@@ -18,7 +18,11 @@ namespace optim {
 
 std::vector<at::Tensor> check_sgd_args(const char* op, at::TensorList params, at::TensorList grads,
                                        at::TensorList momentum_buffers, double momentum,
-                                       const std::optional<at::Tensor>& lr_tensor) {
+                                       const std::optional<at::Tensor>& lr_tensor,
+                                       std::optional<at::ScalarType> autocast_copies) {
+  TORCH_CHECK_VALUE(!autocast_copies.has_value() || *autocast_copies == at::kHalf || *autocast_copies == at::kBFloat16,
+                    op, ": `autocast_copies` must be torch.float16 or torch.bfloat16 (an autocast dtype), got ",
+                    *autocast_copies);
   TORCH_CHECK_VALUE(grads.size() == params.size(), op, ": `grads` must hold one tensor per param (", params.size(),
                     "), got ", grads.size());
   if (momentum != 0) {
@@ -77,9 +81,10 @@ namespace {
 
 void sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, double lr, double momentum,
              double dampening, double weight_decay, bool nesterov, bool maximize, bool is_first_step,
-             const std::optional<at::Tensor>& lr_tensor) {
+             const std::optional<at::Tensor>& lr_tensor, std::optional<at::ScalarType> autocast_copies) {
   const char* op = "torchext::sgd_";
-  const std::vector<at::Tensor> g = optim::check_sgd_args(op, params, grads, momentum_buffers, momentum, lr_tensor);
+  const std::vector<at::Tensor> g =
+      optim::check_sgd_args(op, params, grads, momentum_buffers, momentum, lr_tensor, autocast_copies);
   if (lr_tensor.has_value() && lr_tensor->defined()) lr = lr_tensor->item<double>();
   for (size_t i = 0; i < params.size(); ++i) {
     at::Tensor p = params[i];

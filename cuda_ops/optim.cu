@@ -7,9 +7,14 @@
 // Multi-tensor launch: the kernel's parameter block carries up to kTensors tensors' pointers and sizes and a table of
 // up to kBlocks (tensor, chunk) pairs, one per block; a block updates kChunk elements of one tensor, with 16-byte
 // loads and stores where the tensor's three arrays are 16-byte aligned. The launcher packs the list into as many such
-// launches as it needs. No reduction: the result does not depend on the packing.
+// launches as it needs. No reduction: the result does not depend on the packing. With SgdHyper::copy_dtype, a float
+// param's updated value is also written, rounded, into its copy (the autocast copies, csrc/autocast_copies.h): one
+// 2-byte store more per element, where CUDA autocast would otherwise read the param and write the cast in the next
+// forward.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <type_traits>
 
 #include "common.cuh"
 #include "optim.cuh"
@@ -29,13 +34,23 @@ struct SgdBatch {
   T* param[kTensors];
   const T* grad[kTensors];
   T* buf[kTensors];
+  void* copy[kTensors];
   int64_t n[kTensors];
-  bool vec[kTensors];  // param, grad and buffer all 16-byte aligned
+  bool vec[kTensors];  // param, grad, buffer and copy all 16-byte aligned
   int16_t tensor[kBlocks];
   int32_t chunk[kBlocks];
 };
 // The kernel's parameters must fit the 4 KiB every supported architecture and toolkit accepts.
 static_assert(sizeof(SgdBatch<double>) + sizeof(SgdHyper) <= 4096, "SgdBatch too large for a kernel parameter");
+
+// The updated float param element written to its low-precision copy: round to nearest even, as ATen's casts.
+__device__ inline void write_copy(void* copy, int64_t j, float v, SgdCopy dtype) {
+  if (dtype == SgdCopy::bfloat16) {
+    static_cast<__nv_bfloat16*>(copy)[j] = __float2bfloat16_rn(v);
+  } else {
+    static_cast<__half*>(copy)[j] = __float2half_rn(v);
+  }
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) sgd_kernel(const SgdBatch<T> batch, const SgdHyper h) {
@@ -47,6 +62,7 @@ __global__ void __launch_bounds__(kThreads) sgd_kernel(const SgdBatch<T> batch, 
   T* __restrict__ param = batch.param[t];
   const T* __restrict__ grad = batch.grad[t];
   T* __restrict__ buf = batch.buf[t];
+  void* const copy = std::is_same_v<T, float> && h.copy_dtype != SgdCopy::none ? batch.copy[t] : nullptr;
   const double lr = h.lr_device_f32 != nullptr   ? double(*h.lr_device_f32)
                     : h.lr_device_f64 != nullptr ? *h.lr_device_f64
                                                  : h.lr;
@@ -65,13 +81,23 @@ __global__ void __launch_bounds__(kThreads) sgd_kernel(const SgdBatch<T> batch, 
       for (int k = 0; k < V; ++k) p.v[k] = up(p.v[k], g.v[k], b.v[k]);
       *reinterpret_cast<Vec<T, V>*>(param + j) = p;
       if (buf != nullptr) *reinterpret_cast<Vec<T, V>*>(buf + j) = b;
+      if constexpr (std::is_same_v<T, float>) {
+        if (copy != nullptr) {
+#pragma unroll
+          for (int k = 0; k < V; ++k) write_copy(copy, j + k, p.v[k], h.copy_dtype);
+        }
+      }
     }
     i = vend;
   }
   for (int64_t j = i + threadIdx.x; j < end; j += kThreads) {
     T b = buf != nullptr ? buf[j] : T{};
-    param[j] = up(param[j], grad[j], b);
+    const T v = up(param[j], grad[j], b);
+    param[j] = v;
     if (buf != nullptr) buf[j] = b;
+    if constexpr (std::is_same_v<T, float>) {
+      if (copy != nullptr) write_copy(copy, j, v, h.copy_dtype);
+    }
   }
 }
 
@@ -100,9 +126,11 @@ cudaError_t sgd_step(const SgdTensor<T>* tensors, int64_t count, const SgdHyper&
       batch.param[slot] = s.param;
       batch.grad[slot] = s.grad;
       batch.buf[slot] = s.momentum_buffer;
+      batch.copy[slot] = s.copy;
       batch.n[slot] = s.n;
       batch.vec[slot] = aligned_to(s.param, 16) && aligned_to(s.grad, 16) &&
-                        (s.momentum_buffer == nullptr || aligned_to(s.momentum_buffer, 16));
+                        (s.momentum_buffer == nullptr || aligned_to(s.momentum_buffer, 16)) &&
+                        (s.copy == nullptr || aligned_to(s.copy, 16));
     };
     put(nt);
     const int64_t chunks = (s.n + kChunk - 1) / kChunk;

@@ -17,7 +17,12 @@ struct SgdTensor {
   const T* grad;
   T* momentum_buffer;  // nullptr when momentum == 0
   int64_t n;
+  // float params only: where the updated param, rounded to SgdHyper::copy_dtype, is also written (nullptr: nowhere).
+  // Same layout as param: element i of the copy is element i of param (csrc/autocast_copies.h).
+  void* copy = nullptr;
 };
+
+enum class SgdCopy : int { none, bfloat16, float16 };
 
 // torch.optim.SGD's update, element by element, as its single-tensor form writes it:
 //   g = maximize ? -grad : grad;  g += weight_decay * param;
@@ -31,6 +36,7 @@ struct SgdHyper {
   bool nesterov = false, maximize = false, is_first_step = false;
   const float* lr_device_f32 = nullptr;
   const double* lr_device_f64 = nullptr;
+  SgdCopy copy_dtype = SgdCopy::none;  // the dtype of every SgdTensor::copy
 };
 
 // The whole list in launches of up to 48 tensors (a block per 64 Ki-element chunk of a tensor, up to 320 blocks per
