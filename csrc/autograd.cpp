@@ -43,6 +43,7 @@
 #include <string>
 #include <tuple>
 
+#include "autocast_copies.h"
 #include "conv2d.h"
 #include "matmul.h"
 
@@ -888,14 +889,21 @@ struct Conv2dOptions {
 // The saved input and weight: each only where the other's gradient is needed (the backward reads input for
 // grad_weight and weight for grad_input). A placeholder input has no layout to suggest: where csrc/conv2d.h's rule
 // gives grad_input channels-last from the input alone (a frozen weight that does not suggest it), a note says so.
-void save_conv2d_operands(AutogradContext* ctx, const Tensor& input, const Tensor& weight, const Tensor& out) {
+// `computed`: the weight the kernels ran on, the float32 weight's autocast copy (csrc/autocast_copies.h) where the
+// CUDA autocast kernel passed one, else the weight itself. With a copy, the backward reads the copy, returns the
+// weight's gradient in the weight's dtype (what the cast's own node would), and, only for a second derivative
+// (create_graph), casts the weight again differentiably; the weight is kept in saved_data for that, as
+// save_for_backward would check its version, which the optimizer's step bumps, where the cast's node does not.
+void save_conv2d_operands(AutogradContext* ctx, const Tensor& input, const Tensor& weight, const Tensor& out,
+                          const OptionalTensor& computed) {
   const bool input_kept = weight.requires_grad();
-  ctx->save_for_backward(
-      {input_kept ? input : placeholder(input), input.requires_grad() ? weight : placeholder(weight), out});
+  const Tensor& w = computed.has_value() ? *computed : weight;
+  ctx->save_for_backward({input_kept ? input : placeholder(input), input.requires_grad() ? w : placeholder(w), out});
   if (!input_kept && input.requires_grad() && conv2d_memory_format(input) == at::MemoryFormat::ChannelsLast &&
-      conv2d_memory_format(weight) != at::MemoryFormat::ChannelsLast) {
+      conv2d_memory_format(w) != at::MemoryFormat::ChannelsLast) {
     ctx->saved_data["grad_input_channels_last"] = true;
   }
+  if (computed.has_value()) ctx->saved_data["weight"] = weight;
 }
 
 // The gradients of input, weight and bias from grad_z (the gradient of the pre-activation).
@@ -906,10 +914,17 @@ variable_list conv2d_input_grads(AutogradContext* ctx, const Tensor& grad_z, siz
                                     has_bias && ctx->needs_input_grad(2)};
   if (!grad_z.defined() || !(mask[0] || mask[1] || mask[2])) return result;
   const auto saved = ctx->get_saved_variables();
-  auto [grad_input, grad_weight, grad_bias] = Conv2dOptions::load(ctx).backward(grad_z, saved[0], saved[1], mask);
+  Tensor weight = saved[1];
+  const auto master = ctx->saved_data.find("weight");  // the float32 weight, where its autocast copy ran
+  if (master != ctx->saved_data.end() && mask[0] && at::GradMode::is_enabled() &&
+      master->second.toTensor().requires_grad()) {
+    weight = master->second.toTensor().to(weight.scalar_type());  // the same bits, differentiable
+  }
+  auto [grad_input, grad_weight, grad_bias] = Conv2dOptions::load(ctx).backward(grad_z, saved[0], weight, mask);
   if (mask[0] && ctx->saved_data.count("grad_input_channels_last") > 0) {
     grad_input = grad_input.contiguous(at::MemoryFormat::ChannelsLast);  // the placeholder input suggested NCHW
   }
+  if (mask[1] && master != ctx->saved_data.end()) grad_weight = grad_weight.to(master->second.toTensor().scalar_type());
   if (mask[0]) result[0] = grad_input;
   if (mask[1]) result[1] = grad_weight;
   if (mask[2]) result[2] = grad_bias;
@@ -920,11 +935,12 @@ class Conv2dFunction : public torch::autograd::Function<Conv2dFunction> {
  public:
   static Tensor forward(AutogradContext* ctx, const Tensor& input, const Tensor& weight, const OptionalTensor& bias,
                         at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
-                        c10::string_view activation, std::optional<c10::string_view> variant) {
-    Tensor out =
-        call_below_autograd(conv2d_op(), input, weight, bias, stride, padding, dilation, groups, activation, variant);
+                        c10::string_view activation, std::optional<c10::string_view> variant,
+                        const OptionalTensor& weight_copy) {
+    const Tensor& w = weight_copy.has_value() ? *weight_copy : weight;
+    Tensor out = call_below_autograd(conv2d_op(), input, w, bias, stride, padding, dilation, groups, activation, variant);
     const bool relu = parse_conv2d_activation("torchext::conv2d", activation) == MatmulActivation::relu;
-    save_conv2d_operands(ctx, input, weight, relu ? out : Tensor());
+    save_conv2d_operands(ctx, input, weight, relu ? out : Tensor(), weight_copy);
     Conv2dOptions(stride, padding, dilation, groups, variant).save(ctx);
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
     return out;
@@ -932,27 +948,30 @@ class Conv2dFunction : public torch::autograd::Function<Conv2dFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const Tensor& grad = grads[0];
-    if (!grad.defined()) return variable_list(9);
+    if (!grad.defined()) return variable_list(10);
     const Tensor out = ctx->get_saved_variables()[2];
-    return conv2d_input_grads(ctx, out.defined() ? backward_op<Relu>().call(grad, out) : grad, 9);
+    return conv2d_input_grads(ctx, out.defined() ? backward_op<Relu>().call(grad, out) : grad, 10);
   }
 };
 
 Tensor conv2d_autograd(const Tensor& input, const Tensor& weight, const OptionalTensor& bias, at::IntArrayRef stride,
                        at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, c10::string_view activation,
                        std::optional<c10::string_view> variant) {
-  return Conv2dFunction::apply(input, weight, bias, stride, padding, dilation, groups, activation, variant);
+  return Conv2dFunction::apply(input, weight, bias, stride, padding, dilation, groups, activation, variant,
+                               OptionalTensor());
 }
 
 class Conv2dStatsFunction : public torch::autograd::Function<Conv2dStatsFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& input, const Tensor& weight,
                                const OptionalTensor& bias, at::IntArrayRef stride, at::IntArrayRef padding,
-                               at::IntArrayRef dilation, int64_t groups, std::optional<c10::string_view> variant) {
+                               at::IntArrayRef dilation, int64_t groups, std::optional<c10::string_view> variant,
+                               const OptionalTensor& weight_copy) {
+    const Tensor& w = weight_copy.has_value() ? *weight_copy : weight;
     auto [out, sum, sum_sq] =
-        call_below_autograd(conv2d_stats_op(), input, weight, bias, stride, padding, dilation, groups, variant);
+        call_below_autograd(conv2d_stats_op(), input, w, bias, stride, padding, dilation, groups, variant);
     ctx->set_materialize_grads(false);
-    save_conv2d_operands(ctx, input, weight, out);
+    save_conv2d_operands(ctx, input, weight, out, weight_copy);
     Conv2dOptions(stride, padding, dilation, groups, variant).save(ctx);
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
     return {out, sum, sum_sq};
@@ -973,7 +992,7 @@ class Conv2dStatsFunction : public torch::autograd::Function<Conv2dStatsFunction
       }
       add(per_element.to(out.scalar_type()));
     }
-    return conv2d_input_grads(ctx, grad_z, 8);
+    return conv2d_input_grads(ctx, grad_z, 9);
   }
 };
 
@@ -981,7 +1000,8 @@ std::tuple<Tensor, Tensor, Tensor> conv2d_stats_autograd(const Tensor& input, co
                                                          const OptionalTensor& bias, at::IntArrayRef stride,
                                                          at::IntArrayRef padding, at::IntArrayRef dilation,
                                                          int64_t groups, std::optional<c10::string_view> variant) {
-  const auto out = Conv2dStatsFunction::apply(input, weight, bias, stride, padding, dilation, groups, variant);
+  const auto out =
+      Conv2dStatsFunction::apply(input, weight, bias, stride, padding, dilation, groups, variant, OptionalTensor());
   return {out[0], out[1], out[2]};
 }
 
@@ -1075,16 +1095,44 @@ std::tuple<Tensor, Tensor> linear_autocast_cuda(const Tensor& input, const Tenso
                  at::autocast::cached_cast(dtype, bias, cuda), activation);
 }
 
-// conv2d and conv2d_stats in the autocast dtype, as torch's conv2d (lower_precision_fp).
+// conv2d and conv2d_stats in the autocast dtype, as torch's conv2d (lower_precision_fp). Where the float32 weight has
+// a fresh autocast copy (csrc/autocast_copies.h), the kernels read the copy instead of a cast: the op's autograd
+// Function is applied here with the weight itself as its input (so its node returns the weight's gradient, in
+// float32) and the copy to compute with. That skips only the Tracer key between autocast and autograd, and
+// autocast_copies::fresh refuses under tracing. Without a graph to record, the op runs on the copy.
+
+// The operands in the autocast dtype: input and bias cast (cached_cast), and the weight's fresh copy if it has one
+// and the call can use it (else the weight is cast by the caller).
+struct Conv2dAutocastOperands {
+  at::ScalarType dtype;
+  Tensor input;
+  OptionalTensor bias;
+  std::optional<Tensor> weight_copy;
+};
+
+Conv2dAutocastOperands conv2d_autocast_operands(const Tensor& input, const Tensor& weight, const OptionalTensor& bias) {
+  constexpr auto cuda = c10::DeviceType::CUDA;
+  Conv2dAutocastOperands a{at::autocast::get_autocast_dtype(cuda), Tensor(), OptionalTensor(), std::nullopt};
+  a.input = at::autocast::cached_cast(a.dtype, input, cuda);
+  a.bias = at::autocast::cached_cast(a.dtype, bias, cuda);
+  if (autocast_copies::plain(a.input)) a.weight_copy = autocast_copies::fresh(weight, a.dtype);
+  return a;
+}
+
+bool records_graph(const Tensor& weight) { return at::GradMode::is_enabled() && weight.requires_grad(); }
+
 Tensor conv2d_autocast_cuda(const Tensor& input, const Tensor& weight, const OptionalTensor& bias,
                             at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
                             c10::string_view activation, std::optional<c10::string_view> variant) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
-  constexpr auto cuda = c10::DeviceType::CUDA;
-  const at::ScalarType dtype = at::autocast::get_autocast_dtype(cuda);
-  return conv2d_op().call(at::autocast::cached_cast(dtype, input, cuda), at::autocast::cached_cast(dtype, weight, cuda),
-                          at::autocast::cached_cast(dtype, bias, cuda), stride, padding, dilation, groups, activation,
-                          variant);
+  const Conv2dAutocastOperands a = conv2d_autocast_operands(input, weight, bias);
+  if (a.weight_copy.has_value() && records_graph(weight)) {
+    return Conv2dFunction::apply(a.input, weight, a.bias, stride, padding, dilation, groups, activation, variant,
+                                 a.weight_copy);
+  }
+  const Tensor w = a.weight_copy.has_value() ? *a.weight_copy
+                                             : at::autocast::cached_cast(a.dtype, weight, c10::DeviceType::CUDA);
+  return conv2d_op().call(a.input, w, a.bias, stride, padding, dilation, groups, activation, variant);
 }
 
 std::tuple<Tensor, Tensor, Tensor> conv2d_stats_autocast_cuda(const Tensor& input, const Tensor& weight,
@@ -1092,11 +1140,15 @@ std::tuple<Tensor, Tensor, Tensor> conv2d_stats_autocast_cuda(const Tensor& inpu
                                                               at::IntArrayRef padding, at::IntArrayRef dilation,
                                                               int64_t groups, std::optional<c10::string_view> variant) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
-  constexpr auto cuda = c10::DeviceType::CUDA;
-  const at::ScalarType dtype = at::autocast::get_autocast_dtype(cuda);
-  return conv2d_stats_op().call(
-      at::autocast::cached_cast(dtype, input, cuda), at::autocast::cached_cast(dtype, weight, cuda),
-      at::autocast::cached_cast(dtype, bias, cuda), stride, padding, dilation, groups, variant);
+  const Conv2dAutocastOperands a = conv2d_autocast_operands(input, weight, bias);
+  if (a.weight_copy.has_value() && records_graph(weight)) {
+    const auto out = Conv2dStatsFunction::apply(a.input, weight, a.bias, stride, padding, dilation, groups, variant,
+                                                a.weight_copy);
+    return {out[0], out[1], out[2]};
+  }
+  const Tensor w = a.weight_copy.has_value() ? *a.weight_copy
+                                             : at::autocast::cached_cast(a.dtype, weight, c10::DeviceType::CUDA);
+  return conv2d_stats_op().call(a.input, w, a.bias, stride, padding, dilation, groups, variant);
 }
 
 }  // namespace
