@@ -14,6 +14,14 @@ rounds the weight-decayed gradient and Nesterov's sum): not the same bits as tor
 tensor is read on the host each step. A learning rate given as a tensor on the
 parameters' device is read by the kernel on the device, so the step can be captured in a CUDA graph
 (torchext.graphs) while a scheduler updates the tensor; a tensor on another device is read on the host.
+
+``autocast_copies=torch.bfloat16`` (or float16: the dtype of the ``torch.autocast`` the model trains under) lets the
+step also write each float32 CUDA parameter, rounded to that dtype, into a copy that torchext's convolutions read under
+CUDA autocast instead of casting the weight in every forward: a cast kernel and an autograd node less per
+convolution and step, the same bits (docs/autocast_copies.md). It costs 2 bytes of GPU memory per parameter. A
+parameter changed other than through an in-place op (``param.data.copy_(...)``, whose write the version counter does
+not see) leaves its copy stale until the next step: call ``torch.autograd.graph.increment_version(param)`` after such
+a write, or leave the option off.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ class SGD(torch.optim.SGD):
         foreach: bool | None = None,
         differentiable: bool = False,
         fused: bool | None = None,
+        autocast_copies: torch.dtype | None = None,
     ) -> None:
         if foreach or fused:
             raise ValueError(
@@ -54,6 +63,12 @@ class SGD(torch.optim.SGD):
             raise ValueError(
                 "torchext.optim.SGD: `differentiable=True` is not supported (the step is not differentiable)"
             )
+        if autocast_copies not in (None, torch.float16, torch.bfloat16):
+            raise ValueError(
+                "torchext.optim.SGD: `autocast_copies` must be None, torch.float16 or torch.bfloat16 (the autocast "
+                f"dtype), got {autocast_copies!r}"
+            )
+        self.autocast_copies = autocast_copies
         super().__init__(
             params,
             lr=lr,
@@ -130,6 +145,7 @@ class SGD(torch.optim.SGD):
                     bool(group["maximize"]),
                     first,
                     lr_tensor,
+                    getattr(self, "autocast_copies", None),  # an optimizer pickled before the option had none
                 )
                 for p, buf in new_buffers.get(call, ()):
                     self.state[p]["momentum_buffer"] = buf

@@ -26,11 +26,14 @@ def sgd_(
     maximize: bool = False,
     is_first_step: bool = False,
     lr_tensor: Tensor | None = None,
+    autocast_copies: torch.dtype | None = None,
 ) -> None:
     """Updates every ``params[i]`` in place as torch.optim.SGD does, from ``grads[i]`` and ``momentum_buffers[i]``
     (updated in place too; empty when momentum is 0). ``is_first_step``: the buffers take their first gradient as is
     (torch's clone) instead of blending. One dtype and one device for all tensors. ``lr_tensor`` (a one-element
-    float32/float64 tensor on the params' device) replaces ``lr`` and is read on the device."""
+    float32/float64 tensor on the params' device) replaces ``lr`` and is read on the device. ``autocast_copies``
+    (torch.float16 or torch.bfloat16): float32 CUDA params also get their copy in that dtype written, which
+    torchext's conv2d then reads under CUDA autocast in place of casting them (docs/autocast_copies.md)."""
     if len(params) == 0 and len(grads) == 0 and len(momentum_buffers) == 0:
         return  # nothing to update (the dispatcher needs a tensor to choose a backend)
     _ops.sgd_(
@@ -45,6 +48,7 @@ def sgd_(
         bool(maximize),
         bool(is_first_step),
         lr_tensor,
+        autocast_copies,
     )
 
 
@@ -61,5 +65,6 @@ def _sgd_fake(
     maximize=False,
     is_first_step=False,
     lr_tensor=None,
+    autocast_copies=None,
 ):
     return None

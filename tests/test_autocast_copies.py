@@ -1,0 +1,237 @@
+"""Autocast copies (csrc/autocast_copies.h, docs/autocast_copies.md): torchext.optim.SGD(autocast_copies=dtype) writes
+each float32 weight's low-precision copy in its step, and torchext's conv2d / conv2d_stats read it under CUDA autocast
+instead of casting the weight. Training with the copies gives the same bits as training with the casts; the copy is
+not used once the weight changed behind the optimizer's back (an in-place write, a new `.data`), after a captured step,
+under torch.compile, or for a second derivative; and a graph that saved a copy keeps its value through a step."""
+
+import copy
+
+import pytest
+import torch
+from conftest import gpu
+
+import torchext
+from torchext.optim import SGD
+
+
+def test_option_and_op_argument_are_checked():
+    p = torch.nn.Parameter(torch.ones(3))
+    with pytest.raises(ValueError, match="`autocast_copies` must be None, torch.float16 or torch.bfloat16"):
+        SGD([p], lr=0.1, autocast_copies=torch.float32)
+    with pytest.raises(ValueError, match=r"`autocast_copies` must be torch.float16 or torch.bfloat16"):
+        torch.ops.torchext.sgd_([torch.zeros(2)], [torch.ones(2)], [], 0.1, autocast_copies=torch.float64)
+
+
+def test_cpu_params_step_as_without_copies():
+    """The CPU kernel has no copies to write (CPU autocast runs torchext's convolutions in float32): same update."""
+    a = torch.nn.Parameter(torch.randn(4, 3))
+    b = torch.nn.Parameter(a.detach().clone())
+    for p in (a, b):
+        p.grad = torch.ones_like(p)
+    SGD([a], lr=0.1, momentum=0.9, autocast_copies=torch.bfloat16).step()
+    SGD([b], lr=0.1, momentum=0.9).step()
+    assert torch.equal(a, b)
+
+
+class _Net(torch.nn.Module):
+    """conv -> BN -> ReLU twice (the second convolution with statistics for its BatchNorm), pool, Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torchext.nn.Conv2d(3, 16, 3, padding=1, bias=False)
+        self.bn1 = torchext.nn.BatchNorm2d(16)
+        self.conv2 = torchext.nn.Conv2dStats(16, 32, 3, padding=1, bias=False)
+        self.bn2 = torchext.nn.BatchNorm2d(32)
+        self.fc = torch.nn.Linear(32, 10)
+
+    def forward(self, x, batch_norm=True):
+        x = self.conv1(x)
+        x = torch.relu(self.bn1(x) if batch_norm else x)
+        out, s, ss = self.conv2(x)
+        x = torch.relu(self.bn2(out, sum=s, sum_sq=ss) if batch_norm else out)
+        return self.fc(x.mean((2, 3)))
+
+
+def _pair(dtype=torch.bfloat16, seed=0):
+    """(model with copies, its optimizer, model with casts, its optimizer): the same weights, channels-last."""
+    torch.manual_seed(seed)
+    a = _Net().cuda().to(memory_format=torch.channels_last)
+    b = copy.deepcopy(a)
+    kw = dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    return a, SGD(a.parameters(), autocast_copies=dtype, **kw), b, SGD(b.parameters(), **kw)
+
+
+def _conv_weights(model):
+    return [model.conv1.weight, model.conv2.weight]
+
+
+def _batch(step, n=8):
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(n, 3, 12, 12, generator=g).cuda().to(memory_format=torch.channels_last)
+    return x, torch.randint(0, 10, (n,), generator=g).cuda()
+
+
+def _train_step(model, opt, step, dtype):
+    x, y = _batch(step)
+    with torch.autocast("cuda", dtype=dtype):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def _weight_casts(model, dtype):
+    """How many float32 -> dtype casts of a convolution weight one forward + backward runs (profiler: aten::_to_copy
+    calls whose input has a weight's shape)."""
+    shapes = {tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Conv2d)}
+    x, y = _batch(0)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        with torch.autocast("cuda", dtype=dtype):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return sum(1 for e in prof.events() if e.name == "aten::_to_copy" and e.input_shapes and
+               tuple(e.input_shapes[0]) in shapes)  # fmt: skip
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_training_with_copies_gives_the_casts_bits(dtype):
+    """Six steps with copies and six with autocast's casts: the same losses and parameters, bit for bit; and from the
+    second step on, the forward reads the copies (no weight cast in the forward; the backward's cast of the gradient
+    back to float32 stays)."""
+    a, oa, b, ob = _pair(dtype)
+    for step in range(6):
+        la, lb = _train_step(a, oa, step, dtype), _train_step(b, ob, step, dtype)
+        assert torch.equal(la, lb), f"step {step}: loss {la.item()} != {lb.item()}"
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
+        assert torch.equal(pa, pb), name
+    assert pa.dtype == torch.float32
+    # Casts of conv weights in one forward + backward: with copies only the gradients' (2 convolutions), with
+    # autocast's casts also the weights' (2 more).
+    assert _weight_casts(a, dtype) == _weight_casts(b, dtype) - 2, (_weight_casts(a, dtype), _weight_casts(b, dtype))
+
+
+@gpu
+@pytest.mark.parametrize(
+    "change",
+    ["in_place", "new_data", "data_copy_then_increment_version"],
+)
+def test_a_weight_changed_outside_the_step_is_cast_again(change):
+    """After a step, a weight changed in place (version bump), given a new `.data` (another data pointer), or written
+    through `.data` followed by torch.autograd.graph.increment_version: the forward uses the new values."""
+    dtype = torch.bfloat16
+    a, oa, b, ob = _pair(dtype)
+    for step in range(2):
+        _train_step(a, oa, step, dtype)
+        _train_step(b, ob, step, dtype)
+    new = torch.randn_like(a.conv1.weight)
+    for model in (a, b):
+        w = model.conv1.weight
+        with torch.no_grad():
+            if change == "in_place":
+                w.copy_(new)
+            elif change == "new_data":
+                w.data = new.clone(memory_format=torch.channels_last)
+            else:
+                w.data.copy_(new)
+                torch.autograd.graph.increment_version(w)
+    x, _ = _batch(7)
+    with torch.autocast("cuda", dtype=dtype):
+        assert torch.equal(a(x), b(x))
+
+
+@gpu
+def test_second_derivative_reaches_the_weights():
+    """A gradient penalty (create_graph=True) with the copies fresh: the penalty's gradient with respect to the
+    weights matches the one through autocast's casts (the backward casts the weight again, differentiably), to 1% in
+    norm: not bit for bit, as autograd sums a weight's two contributions in float32 here and in bfloat16 on the cast
+    (its node's input) there. Without the BatchNorms, whose second derivative is not this test's subject."""
+    dtype = torch.bfloat16
+    a, oa, b, ob = _pair(dtype)
+    for step in range(2):
+        _train_step(a, oa, step, dtype)
+        _train_step(b, ob, step, dtype)
+    grads = []
+    for model in (a, b):
+        x, _ = _batch(9)
+        x.requires_grad_(True)
+        with torch.autocast("cuda", dtype=dtype):
+            out = model(x, batch_norm=False).float().square().sum()
+        (gx,) = torch.autograd.grad(out, x, create_graph=True)
+        gx.float().square().sum().backward()
+        grads.append([p.grad.clone() for p in _conv_weights(model)])
+        model.zero_grad(set_to_none=True)
+    for ga, gb in zip(*grads, strict=True):
+        assert ga.abs().max() > 0
+        assert (ga - gb).norm() <= 1e-2 * gb.norm(), ((ga - gb).norm() / gb.norm()).item()
+
+
+@gpu
+def test_a_graph_that_saved_a_copy_keeps_it_through_a_step():
+    """forward, step, backward: the step writes a new copy where a graph still holds the old one, so the backward
+    computes with the weights of its forward, as with autocast's casts. The step updates the convolutions' weights
+    only (a BatchNorm's backward reads its weight, which a step would change under the graph in both models)."""
+    dtype = torch.bfloat16
+    a, _, b, _ = _pair(dtype)
+    kw = dict(lr=0.05, momentum=0.9)
+    oa, ob = SGD(_conv_weights(a), autocast_copies=dtype, **kw), SGD(_conv_weights(b), **kw)
+    for step in range(2):
+        _train_step(a, oa, step, dtype)
+        _train_step(b, ob, step, dtype)
+    x, y = _batch(11)
+    for model, opt in ((a, oa), (b, ob)):
+        with torch.autocast("cuda", dtype=dtype):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward(retain_graph=True)
+        opt.step()
+        model.zero_grad(set_to_none=True)
+        loss.backward()
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
+        assert torch.equal(pa.grad, pb.grad), name
+
+
+@gpu
+def test_a_captured_step_drops_the_copies():
+    """A step captured in a CUDA graph changes the weights at each replay without a version bump: its params' copies
+    are dropped for good, and eager forwards cast the weights again."""
+    dtype = torch.bfloat16
+    a, oa, b, ob = _pair(dtype)
+    lr = torch.tensor(0.05, device="cuda")
+    for group in oa.param_groups:
+        group["lr"] = lr
+    for step in range(2):
+        _train_step(a, oa, step, dtype)
+        _train_step(b, ob, step, dtype)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s), torch.cuda.graph(graph):
+        oa.step()  # the gradients of the last eager step, kept: zero_grad ran before its backward
+    torch.cuda.current_stream().wait_stream(s)
+    graph.replay()
+    torch.cuda.synchronize()
+    x, _ = _batch(12)
+    with torch.no_grad(), torch.autocast("cuda", dtype=dtype):
+        out = a(x)
+    with torch.no_grad():
+        for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+            pb.copy_(pa)
+    with torch.no_grad(), torch.autocast("cuda", dtype=dtype):
+        assert torch.equal(out, b(x))
+
+
+@gpu
+def test_compiled_model_casts_as_usual():
+    """Under torch.compile (AOTAutograd traces with fake tensors) the copies are not used: the compiled model's
+    output equals the eager one's through autocast's casts."""
+    dtype = torch.bfloat16
+    a, oa, b, ob = _pair(dtype)
+    for step in range(2):
+        _train_step(a, oa, step, dtype)
+        _train_step(b, ob, step, dtype)
+    x, _ = _batch(13)
+    compiled = torch.compile(a, backend="aot_eager", fullgraph=True)
+    with torch.autocast("cuda", dtype=dtype):
+        assert torch.equal(compiled(x), b(x))
