@@ -175,6 +175,8 @@ if has compare; then
       resnet18_cifar_b512_full) compare_run "$run" 590 --model resnet18_cifar --swap-conv ;;
       # The same without the forks (autograd sums the residual inputs' gradients with ATen's add): their host cost.
       resnet18_cifar_b512_full_noforks) compare_run "$run" 590 --model resnet18_cifar --swap-conv --no-forks ;;
+      resnet18_cifar_b512_full_nocopies)
+        compare_run "$run" 590 --model resnet18_cifar --swap-conv --no-autocast-copies ;;
       cnn_cifar_full) compare_run "$run" 590 --model cnn_cifar --swap-conv ;;
       cnn_cifar_full_graphs) compare_run "$run" 590 --model cnn_cifar --swap-conv --cuda-graphs ;;
       # The fully swapped ResNet-18 against stock under CUDA graphs (both captured) and torch.compile (both compiled,

@@ -410,6 +410,7 @@ def test_cli_parsing_and_argv_round_trip():
         CompareConfig(model="cnn_cifar", compile=True, torchext_compile="decompose"),
         CompareConfig(swap_optimizer=False),
         CompareConfig(model="resnet18_cifar", swap_conv=True, forks=False),
+        CompareConfig(model="resnet18_cifar", autocast_copies=False),
     ):
         back = compare.config_from_args(compare.build_parser().parse_args(c.to_argv()))
         assert back == c, f"[to_argv] {c.to_argv()}"
@@ -679,3 +680,27 @@ def test_no_forks_leaves_the_residual_inputs_unforked():
         _, report = _swap(get_model("resnet18_cifar", num_classes=10), cfg)
         assert len(report.graph_forks) == expected and len(report.graph_fused) == 17, str(report)
         assert len(report.graph_conv_stats) == 20, str(report)
+
+
+def test_autocast_copies_reach_the_torchext_optimizer_only_under_cuda_autocast():
+    """--autocast-copies (the default) gives the torchext model's torchext.optim.SGD autocast_copies= the autocast
+    dtype on CUDA under bf16/fp16 autocast, and nothing elsewhere; the stock model's optimizer is torch's."""
+    from torchext.compare.devices import _Dist
+    from torchext.compare.train import _make_contender
+
+    base = CompareConfig(model="resnet18_cifar", device="cpu", quiet=True).resolved()
+    cases = [
+        ("cuda", "bf16", True, torch.bfloat16),
+        ("cuda", "fp16", True, torch.float16),
+        ("cuda", "bf16", False, None),
+        ("cuda", "none", True, None),
+        ("cpu", "bf16", True, None),
+    ]
+    for device, amp, copies, expected in cases:
+        cfg = dataclasses.replace(base, amp=amp, autocast_copies=copies)
+        net = torch.nn.Linear(2, 2)
+        ours = _make_contender("torchext", net, torch.nn.CrossEntropyLoss(), cfg, torch.device(device), _Dist(), 10)
+        assert isinstance(ours.optimizer, torchext.optim.SGD)
+        assert ours.optimizer.autocast_copies == expected, (device, amp, copies)
+        stock = _make_contender("stock", net, torch.nn.CrossEntropyLoss(), cfg, torch.device(device), _Dist(), 10)
+        assert type(stock.optimizer) is torch.optim.SGD

@@ -92,6 +92,9 @@ class CompareConfig:
                       conv, activations, fuse, forks).
     swap_optimizer:   the torchext model's SGD is ``torchext.optim.SGD`` (the same update on torchext's kernel);
                       Adam, and SGD under ``cuda_graphs``, stay torch's.
+    autocast_copies:  with that optimizer, on CUDA under bf16/fp16 autocast: ``autocast_copies=`` the autocast
+                      dtype (its step writes the weights' low-precision copies that torchext's convolutions read
+                      instead of casting the weights in every forward; docs/autocast_copies.md).
     profile_steps:    training steps profiled for the GPU-time share (CUDA only; 0 skips it).
     val_batch_size:   batch size of the validation passes.
     quiet:            no progress bars and no per-epoch lines.
@@ -130,6 +133,7 @@ class CompareConfig:
     fuse: bool = True
     forks: bool = True
     swap_optimizer: bool = True
+    autocast_copies: bool = True
     profile_steps: int = 10
     val_batch_size: int = 1000
     quiet: bool = False
@@ -261,6 +265,7 @@ _BOOL_OPTIONAL = (
     "fuse",
     "forks",
     "swap_optimizer",
+    "autocast_copies",
 )
 
 
@@ -415,6 +420,13 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=d.swap_optimizer,
         help="train the torchext model with torchext.optim.SGD (SGD recipes, not under --cuda-graphs)",
+    )
+    p.add_argument(
+        "--autocast-copies",
+        action=argparse.BooleanOptionalAction,
+        default=d.autocast_copies,
+        help="with torchext.optim.SGD under CUDA autocast, let its step write the weights' low-precision copies "
+        "that torchext's convolutions read instead of casting each weight in every forward",
     )
     p.add_argument(
         "--profile-steps",

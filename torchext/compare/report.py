@@ -293,6 +293,11 @@ def _layers_text(results: dict) -> str | None:
     cfg = results.get("config") or {}
     if cfg.get("optimizer") == "sgd" and cfg.get("swap_optimizer", False) and not cfg.get("cuda_graphs"):
         text += " and its optimizer torchext.optim.SGD"
+        on_cuda = str((results.get("environment") or {}).get("device", "")).startswith("cuda")
+        if cfg.get("autocast_copies", False) and cfg.get("amp") in ("bf16", "fp16") and on_cuda:
+            text += (
+                f" with autocast_copies (its step writes the {cfg['amp']} copies of the weights that the forward reads)"
+            )
     if stock:
         text += f". Left stock: {', '.join(f'{n} x {cls}' for cls, n in stock.items())}"
     return text + " (the swap report is at the end)."

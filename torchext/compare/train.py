@@ -201,13 +201,16 @@ def _make_contender(name, net, criterion, cfg: CompareConfig, device, dist: _Dis
         import torchext
 
         ours = name == "torchext" and cfg.swap_optimizer and not cfg.cuda_graphs
+        extra = {"fused": True} if cfg.cuda_graphs else {}
+        if ours and cfg.autocast_copies and device.type == "cuda" and cfg.amp in ("bf16", "fp16"):
+            extra["autocast_copies"] = torch.float16 if cfg.amp == "fp16" else torch.bfloat16
         optimizer = (torchext.optim.SGD if ours else torch.optim.SGD)(
             net.parameters(),
             lr=lr,
             momentum=cfg.momentum,
             nesterov=cfg.nesterov,
             weight_decay=cfg.weight_decay,
-            **({"fused": True} if cfg.cuda_graphs else {}),
+            **extra,
         )
     else:
         optimizer = torch.optim.Adam(
