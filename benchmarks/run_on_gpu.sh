@@ -19,6 +19,8 @@
 # optim runs benchmarks/bench_optim.py (torchext.optim.SGD's step against torch.optim.SGD's foreach and fused forms, ~20 s).
 # loop runs benchmarks/bench_loop.py: torchext-compare's training loop against a bare loop of the same step, both
 # models, stock and torchext (~1 min on an H100; LOOP_ARGS e.g. "--models resnet18_cifar --rounds 3").
+# step_variants runs benchmarks/bench_step_variants.py: the fully swapped ResNet-18 step against stock's, with and
+# without autocast copies and forks, in rounds (~1 min).
 # resnet18_imagenet runs benchmarks/bench_resnet18_imagenet.py: torchvision's ResNet-18 at 224x224, batch 128, bf16,
 # channels-last, synthetic data on the GPU, 50 steps x 5 alternated rounds per provider: stock, every layer torchext's
 # (swap_modules, torch.fx fusions) and stock under torch.compile (~2-3 min, most of it compiling; RESNET18_IMAGENET_ARGS
@@ -136,6 +138,8 @@ has batch_norm && bench_stage "batch norm against eager and torch.compile" bench
 has pooling && bench_stage "pooling against torch" bench_pooling.py pooling_gpu ${POOLING_ARGS:-}
 has optim && bench_stage "SGD step against torch" bench_optim.py optim_gpu ${OPTIM_ARGS:-}
 has loop && bench_stage "training loop against a bare loop" bench_loop.py loop_gpu --device cuda ${LOOP_ARGS:-}
+has step_variants && bench_stage "ResNet-18 step with and without autocast copies and forks" bench_step_variants.py \
+  step_variants_gpu
 # shellcheck disable=SC2086
 has resnet18_imagenet && bench_stage "torchvision ResNet-18 at 224x224: stock, torchext, stock torch.compile" \
   bench_resnet18_imagenet.py resnet18_imagenet_gpu ${RESNET18_IMAGENET_ARGS:-}
