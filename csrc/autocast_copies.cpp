@@ -94,7 +94,10 @@ std::optional<at::Tensor> fresh(const at::Tensor& weight, at::ScalarType dtype) 
 at::Tensor for_step(const at::Tensor& param, at::ScalarType dtype) {
   std::lock_guard<std::mutex> lock(mutex);
   Entry* e = &entry(param);
-  if (e->never || !plain(param)) return at::Tensor();
+  if (e->never || !plain(param)) {
+    e->fresh = e->writing = false;
+    return at::Tensor();
+  }
   // A copy still referenced elsewhere (saved by a graph not run backward, or handed out by fresh() to a caller that
   // keeps it) keeps its value: the step writes a new one.
   const bool remake = !e->copy.defined() || e->copy.scalar_type() != dtype || !e->copy.sizes().equals(param.sizes()) ||
@@ -105,6 +108,14 @@ at::Tensor for_step(const at::Tensor& param, at::ScalarType dtype) {
   e->fresh = false;
   e->writing = true;
   return e->copy;
+}
+
+void invalidate(at::TensorList params) {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (entries.empty()) return;
+  for (const at::Tensor& p : params) {
+    if (Entry* e = find(p)) e->fresh = e->writing = false;
+  }
 }
 
 void confirm_step(at::TensorList params) {

@@ -34,6 +34,10 @@ std::optional<at::Tensor> fresh(const at::Tensor& weight, at::ScalarType dtype);
 // not run backward), and marked as being written. Not under a stream capture (see forget).
 at::Tensor for_step(const at::Tensor& param, at::ScalarType dtype);
 
+// A step that writes the parameters but not their copies (without autocast_copies, or in another dtype): their
+// copies, if any, stop being fresh (the step's version bump may not happen, e.g. under torch.inference_mode()).
+void invalidate(at::TensorList params);
+
 // After an eager step wrote them and bumped the parameters' version counters: the copies being written become
 // fresh at the parameters' new versions.
 void confirm_step(at::TensorList params);

@@ -903,7 +903,10 @@ void save_conv2d_operands(AutogradContext* ctx, const Tensor& input, const Tenso
       conv2d_memory_format(w) != at::MemoryFormat::ChannelsLast) {
     ctx->saved_data["grad_input_channels_last"] = true;
   }
-  if (computed.has_value()) ctx->saved_data["weight"] = weight;
+  if (computed.has_value()) {
+    ctx->saved_data["weight"] = weight;
+    ctx->saved_data["weight_version"] = weight._version();
+  }
 }
 
 // The gradients of input, weight and bias from grad_z (the gradient of the pre-activation).
@@ -918,7 +921,12 @@ variable_list conv2d_input_grads(AutogradContext* ctx, const Tensor& grad_z, siz
   const auto master = ctx->saved_data.find("weight");  // the float32 weight, where its autocast copy ran
   if (master != ctx->saved_data.end() && mask[0] && at::GradMode::is_enabled() &&
       master->second.toTensor().requires_grad()) {
-    weight = master->second.toTensor().to(weight.scalar_type());  // the same bits, differentiable
+    const Tensor& w = master->second.toTensor();
+    TORCH_CHECK(w._version() == ctx->saved_data["weight_version"].toInt(),
+                "torchext::conv2d: the weight was modified by an inplace operation (an optimizer step?) after the "
+                "forward whose graph is differentiated again (create_graph=True); its autocast copy holds the "
+                "forward's value, but a second derivative needs the weight itself. Differentiate before the step.");
+    weight = w.to(weight.scalar_type());  // the same bits, differentiable
   }
   auto [grad_input, grad_weight, grad_bias] = Conv2dOptions::load(ctx).backward(grad_z, saved[0], weight, mask);
   if (mask[0] && ctx->saved_data.count("grad_input_channels_last") > 0) {

@@ -27,15 +27,16 @@ void sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList moment
   if (params.empty()) return;
   c10::cuda::CUDAGuard guard(params[0].device());
   // The autocast copies this step writes (float32 params only). Under a stream capture none: the graph's replays
-  // would change the params without a version bump, so their copies are dropped for good.
+  // would change the params without a version bump, so their copies are dropped for good. A step that writes no
+  // copies makes the params' existing ones stale.
   std::vector<at::Tensor> copies;
-  if (autocast_copies.has_value() && params[0].scalar_type() == at::kFloat) {
-    if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
-      autocast_copies::forget(params);
-    } else {
-      copies.reserve(params.size());
-      for (const at::Tensor& p : params) copies.push_back(autocast_copies::for_step(p, *autocast_copies));
-    }
+  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
+    autocast_copies::forget(params);
+  } else if (autocast_copies.has_value() && params[0].scalar_type() == at::kFloat) {
+    copies.reserve(params.size());
+    for (const at::Tensor& p : params) copies.push_back(autocast_copies::for_step(p, *autocast_copies));
+  } else {
+    autocast_copies::invalidate(params);
   }
   cuda_ops::SgdHyper h;
   h.lr = lr;

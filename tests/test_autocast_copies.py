@@ -235,3 +235,55 @@ def test_compiled_model_casts_as_usual():
     compiled = torch.compile(a, backend="aot_eager", fullgraph=True)
     with torch.autocast("cuda", dtype=dtype):
         assert torch.equal(compiled(x), b(x))
+
+
+@gpu
+def test_a_step_without_copies_makes_them_stale():
+    """Steps with copies, then a step of an SGD without them under torch.inference_mode() (no version bump): the
+    forward must not read the copies the first optimizer wrote."""
+    dtype = torch.bfloat16
+    a, oa, b, ob = _pair(dtype)
+    for step in range(2):
+        _train_step(a, oa, step, dtype)
+        _train_step(b, ob, step, dtype)
+    plain_a, plain_b = (SGD(m.parameters(), lr=0.5) for m in (a, b))
+    for model, opt in ((a, plain_a), (b, plain_b)):
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        with torch.inference_mode():
+            opt.step()
+    x, _ = _batch(14)
+    with torch.no_grad(), torch.autocast("cuda", dtype=dtype):
+        assert torch.equal(a(x), b(x))
+
+
+@gpu
+def test_copies_of_another_dtype_are_not_used():
+    """Copies written in bfloat16, a forward under float16 autocast: the weights are cast to float16 as usual."""
+    a, oa, b, ob = _pair(torch.bfloat16)
+    for step in range(2):
+        _train_step(a, oa, step, torch.bfloat16)
+        _train_step(b, ob, step, torch.bfloat16)
+    assert _weight_casts(a, torch.float16) == _weight_casts(b, torch.float16)
+    x, _ = _batch(15)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+        assert torch.equal(a(x), b(x))
+
+
+@gpu
+def test_second_derivative_after_a_step_under_a_kept_graph_raises():
+    """forward, step, then a second derivative through the old graph: the differentiable recast would read the new
+    weight while the copy holds the old one, so it raises instead of mixing them."""
+    dtype = torch.bfloat16
+    a, _, _, _ = _pair(dtype)
+    opt = SGD(_conv_weights(a), lr=0.05, momentum=0.9, autocast_copies=dtype)
+    for step in range(2):
+        _train_step(a, opt, step, dtype)
+    x, _ = _batch(16)
+    x.requires_grad_(True)
+    with torch.autocast("cuda", dtype=dtype):
+        out = a(x, batch_norm=False).float().square().sum()
+    out.backward(retain_graph=True)
+    opt.step()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(out, x, create_graph=True)
