@@ -1123,18 +1123,17 @@ Conv2dAutocastOperands conv2d_autocast_operands(const Tensor& input, const Tenso
   Conv2dAutocastOperands a{at::autocast::get_autocast_dtype(cuda), Tensor(), OptionalTensor(), std::nullopt};
   a.input = at::autocast::cached_cast(a.dtype, input, cuda);
   a.bias = at::autocast::cached_cast(a.dtype, bias, cuda);
-  if (autocast_copies::plain(a.input)) a.weight_copy = autocast_copies::fresh(weight, a.dtype);
+  a.weight_copy = autocast_copies::fresh(weight, a.dtype);  // nullopt at once while there are no copies
+  if (a.weight_copy.has_value() && !autocast_copies::plain(a.input)) a.weight_copy.reset();
   return a;
 }
-
-bool records_graph(const Tensor& weight) { return at::GradMode::is_enabled() && weight.requires_grad(); }
 
 Tensor conv2d_autocast_cuda(const Tensor& input, const Tensor& weight, const OptionalTensor& bias,
                             at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
                             c10::string_view activation, std::optional<c10::string_view> variant) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
   const Conv2dAutocastOperands a = conv2d_autocast_operands(input, weight, bias);
-  if (a.weight_copy.has_value() && records_graph(weight)) {
+  if (a.weight_copy.has_value() && needs_graph(weight)) {
     return Conv2dFunction::apply(a.input, weight, a.bias, stride, padding, dilation, groups, activation, variant,
                                  a.weight_copy);
   }
@@ -1149,7 +1148,7 @@ std::tuple<Tensor, Tensor, Tensor> conv2d_stats_autocast_cuda(const Tensor& inpu
                                                               int64_t groups, std::optional<c10::string_view> variant) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
   const Conv2dAutocastOperands a = conv2d_autocast_operands(input, weight, bias);
-  if (a.weight_copy.has_value() && records_graph(weight)) {
+  if (a.weight_copy.has_value() && needs_graph(weight)) {
     const auto out = Conv2dStatsFunction::apply(a.input, weight, a.bias, stride, padding, dilation, groups, variant,
                                                 a.weight_copy);
     return {out[0], out[1], out[2]};
