@@ -26,12 +26,39 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 
 #include "batch_norm_args.h"
 #include "checks.h"
 
 namespace torchext {
+
+// The ops' C++ signatures (csrc/ops.cpp's schemas), for typed dispatcher calls (find_op in csrc/autograd.h): the
+// Autograd kernels (csrc/batch_norm_autograd.cpp) and the C++ API (csrc/batch_norm_api.cpp) call them.
+namespace batch_norm_signatures {
+using Tensor = at::Tensor;
+using OptionalTensor = std::optional<at::Tensor>;
+using Variant = std::optional<c10::string_view>;
+using BatchNorm = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const OptionalTensor&, const OptionalTensor&,
+                                                     const OptionalTensor&, const OptionalTensor&, bool, double, double,
+                                                     const OptionalTensor&, const OptionalTensor&, Variant,
+                                                     const OptionalTensor&);
+using BatchNormRelu = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const OptionalTensor&,
+                                                                 const OptionalTensor&, const OptionalTensor&,
+                                                                 const OptionalTensor&, bool, double, double,
+                                                                 const OptionalTensor&, const OptionalTensor&, Variant,
+                                                                 const OptionalTensor&);
+using BatchNormAddRelu = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const OptionalTensor&,
+                                                                    const OptionalTensor&, const OptionalTensor&,
+                                                                    const OptionalTensor&, bool, double, double,
+                                                                    const OptionalTensor&, const OptionalTensor&,
+                                                                    Variant, const OptionalTensor&);
+using BatchNormBackward = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&,
+                                                                     const OptionalTensor&, const Tensor&,
+                                                                     const Tensor&, const OptionalTensor&, bool, double,
+                                                                     std::array<bool, 4>, Variant);
+}  // namespace batch_norm_signatures
 
 // The layout rule (see the top of this file).
 inline at::MemoryFormat batch_norm_memory_format(const at::Tensor& input) { return input.suggest_memory_format(); }
@@ -103,13 +130,11 @@ inline at::ScalarType check_batch_norm_params(std::string_view op, const at::Ten
 }
 
 // The forward's checks; returns the parameters' dtype. residual: the add variant's (else nullptr).
-inline at::ScalarType check_batch_norm_args(std::string_view op, const at::Tensor& input, const at::Tensor* residual,
-                                            const std::optional<at::Tensor>& weight,
-                                            const std::optional<at::Tensor>& bias,
-                                            const std::optional<at::Tensor>& running_mean,
-                                            const std::optional<at::Tensor>& running_var, bool training,
-                                            const std::optional<at::Tensor>& sum,
-                                            const std::optional<at::Tensor>& sum_sq) {
+inline at::ScalarType check_batch_norm_args(
+    std::string_view op, const at::Tensor& input, const at::Tensor* residual, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, bool training, const std::optional<at::Tensor>& sum,
+    const std::optional<at::Tensor>& sum_sq, const std::optional<at::Tensor>& num_batches_tracked) {
   check_floating_or_half(op, input, "input");
   TORCH_CHECK_VALUE(input.dim() >= 2, op, ": `input` must have at least 2 dimensions (N, C, ...), got ", input.dim(),
                     "-D with shape ", input.sizes());
@@ -137,6 +162,18 @@ inline at::ScalarType check_batch_norm_args(std::string_view op, const at::Tenso
       TORCH_CHECK_TYPE(t->scalar_type() == st, op, ": `", name, "` must be ", st, " for a ", input.scalar_type(),
                        " input (conv2d_stats' statistics), got ", t->scalar_type());
     }
+  }
+  if (const at::Tensor* count = get(num_batches_tracked); count != nullptr) {
+    TORCH_CHECK_VALUE(training, op,
+                      ": `num_batches_tracked` counts training batches; give it only when training=True (evaluation "
+                      "counts nothing)");
+    check_same_device(op, input, "input", *count, "num_batches_tracked");
+    TORCH_CHECK_TYPE(count->scalar_type() == at::kLong, op,
+                     ": `num_batches_tracked` must be int64 (nn.BatchNorm2d's "
+                     "counter), got ",
+                     count->scalar_type());
+    TORCH_CHECK_VALUE(count->numel() == 1, op, ": `num_batches_tracked` must hold one value, got shape ",
+                      count->sizes());
   }
   return pdt;
 }

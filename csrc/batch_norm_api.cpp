@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "api.h"
+#include "batch_norm.h"
 
 namespace torchext {
 
@@ -15,19 +16,9 @@ namespace {
 
 using Tensor = at::Tensor;
 using OptionalTensor = std::optional<Tensor>;
-using Variant = std::optional<c10::string_view>;
-using BatchNormSignature = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const OptionalTensor&,
-                                                              const OptionalTensor&, const OptionalTensor&,
-                                                              const OptionalTensor&, bool, double, double,
-                                                              const OptionalTensor&, const OptionalTensor&, Variant);
-using BatchNormReluSignature = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const OptionalTensor&,
-                                                                          const OptionalTensor&, const OptionalTensor&,
-                                                                          const OptionalTensor&, bool, double, double,
-                                                                          const OptionalTensor&, const OptionalTensor&,
-                                                                          Variant);
-using BatchNormAddReluSignature = std::tuple<Tensor, Tensor, Tensor, Tensor>(
-    const Tensor&, const Tensor&, const OptionalTensor&, const OptionalTensor&, const OptionalTensor&,
-    const OptionalTensor&, bool, double, double, const OptionalTensor&, const OptionalTensor&, Variant);
+using BatchNormSignature = batch_norm_signatures::BatchNorm;
+using BatchNormReluSignature = batch_norm_signatures::BatchNormRelu;
+using BatchNormAddReluSignature = batch_norm_signatures::BatchNormAddRelu;
 
 // (training, momentum, running_mean, running_var) for one forward of a BatchNormImplBase module, as
 // torch::nn::BatchNormImplBase::forward computes them (counting the batch in num_batches_tracked when it trains).
@@ -66,8 +57,8 @@ Tensor batch_norm(const Tensor& input, const OptionalTensor& weight, const Optio
                   std::optional<std::string_view> kernel) {
   static const auto op = find_op<BatchNormSignature>("torchext::batch_norm");
   check_defined("batch_norm", "input", input);
-  return std::get<0>(
-      op.call(input, weight, bias, running_mean, running_var, training, momentum, eps, sum, sum_sq, kernel));
+  return std::get<0>(op.call(input, weight, bias, running_mean, running_var, training, momentum, eps, sum, sum_sq,
+                             kernel, std::nullopt));
 }
 
 Tensor batch_norm_relu(const Tensor& input, const OptionalTensor& weight, const OptionalTensor& bias,
@@ -76,8 +67,8 @@ Tensor batch_norm_relu(const Tensor& input, const OptionalTensor& weight, const 
                        std::optional<std::string_view> kernel) {
   static const auto op = find_op<BatchNormReluSignature>("torchext::batch_norm_relu");
   check_defined("batch_norm_relu", "input", input);
-  return std::get<0>(
-      op.call(input, weight, bias, running_mean, running_var, training, momentum, eps, sum, sum_sq, kernel));
+  return std::get<0>(op.call(input, weight, bias, running_mean, running_var, training, momentum, eps, sum, sum_sq,
+                             kernel, std::nullopt));
 }
 
 Tensor batch_norm_add_relu(const Tensor& input, const Tensor& residual, const OptionalTensor& weight,
@@ -88,8 +79,8 @@ Tensor batch_norm_add_relu(const Tensor& input, const Tensor& residual, const Op
   static const auto op = find_op<BatchNormAddReluSignature>("torchext::batch_norm_add_relu");
   check_defined("batch_norm_add_relu", "input", input);
   check_defined("batch_norm_add_relu", "residual", residual);
-  return std::get<0>(
-      op.call(input, residual, weight, bias, running_mean, running_var, training, momentum, eps, sum, sum_sq, kernel));
+  return std::get<0>(op.call(input, residual, weight, bias, running_mean, running_var, training, momentum, eps, sum,
+                             sum_sq, kernel, std::nullopt));
 }
 
 namespace nn {

@@ -4,8 +4,8 @@
 // statistics (save_mean, save_invstd) and the relu mask, and its backward calls torchext::batch_norm_backward through
 // the dispatcher with output_mask set from what is needed: grad_input, grad_weight, grad_bias, and for
 // batch_norm_add_relu grad_residual (the masked grad_out, from the same pass). The statistics and the mask are
-// non-differentiable outputs; the running buffers, updated in place by the kernel, get their version counters bumped
-// here (what an ADInplaceOrView kernel would do).
+// non-differentiable outputs; the running buffers and num_batches_tracked, updated in place by the kernel, get their
+// version counters bumped here (what an ADInplaceOrView kernel would do).
 //
 // The stats-from-convolution path (`sum`, `sum_sq` given): they are a promise that they are the per-channel sums of
 // `input` (conv2d_stats' outputs for it). The input's gradient is then batch norm's full gradient, the statistics'
@@ -41,23 +41,10 @@ using Tensor = at::Tensor;
 using OptionalTensor = std::optional<at::Tensor>;
 using Variant = std::optional<c10::string_view>;
 
-using BatchNormSignature = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const OptionalTensor&,
-                                                              const OptionalTensor&, const OptionalTensor&,
-                                                              const OptionalTensor&, bool, double, double,
-                                                              const OptionalTensor&, const OptionalTensor&, Variant);
-using BatchNormReluSignature = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const OptionalTensor&,
-                                                                          const OptionalTensor&, const OptionalTensor&,
-                                                                          const OptionalTensor&, bool, double, double,
-                                                                          const OptionalTensor&, const OptionalTensor&,
-                                                                          Variant);
-using BatchNormAddReluSignature = std::tuple<Tensor, Tensor, Tensor, Tensor>(
-    const Tensor&, const Tensor&, const OptionalTensor&, const OptionalTensor&, const OptionalTensor&,
-    const OptionalTensor&, bool, double, double, const OptionalTensor&, const OptionalTensor&, Variant);
-using BatchNormBackwardSignature = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&,
-                                                                              const OptionalTensor&, const Tensor&,
-                                                                              const Tensor&, const OptionalTensor&,
-                                                                              bool, double, std::array<bool, 4>,
-                                                                              Variant);
+using BatchNormSignature = batch_norm_signatures::BatchNorm;
+using BatchNormReluSignature = batch_norm_signatures::BatchNormRelu;
+using BatchNormAddReluSignature = batch_norm_signatures::BatchNormAddRelu;
+using BatchNormBackwardSignature = batch_norm_signatures::BatchNormBackward;
 
 const c10::TypedOperatorHandle<BatchNormSignature>& batch_norm_op() {
   static const auto op = find_op<BatchNormSignature>("torchext::batch_norm");
@@ -89,24 +76,25 @@ class BatchNormFunction : public torch::autograd::Function<BatchNormFunction> {
   static variable_list forward(AutogradContext* ctx, const Tensor& input, const OptionalTensor& residual,
                                const OptionalTensor& weight, const OptionalTensor& bias,
                                const OptionalTensor& running_mean, const OptionalTensor& running_var,
-                               const OptionalTensor& sum, const OptionalTensor& sum_sq, int64_t kind, bool training,
-                               double momentum, double eps, Variant variant) {
+                               const OptionalTensor& sum, const OptionalTensor& sum_sq,
+                               const OptionalTensor& num_batches_tracked, int64_t kind, bool training, double momentum,
+                               double eps, Variant variant) {
     Tensor out, mask, save_mean, save_invstd;
     if (kind == kPlain) {
       std::tie(out, save_mean, save_invstd) =
           call_below_autograd(batch_norm_op(), input, weight, bias, running_mean, running_var, training, momentum, eps,
-                              sum, sum_sq, variant);
+                              sum, sum_sq, variant, num_batches_tracked);
     } else if (kind == kRelu) {
       std::tie(out, mask, save_mean, save_invstd) =
           call_below_autograd(batch_norm_relu_op(), input, weight, bias, running_mean, running_var, training, momentum,
-                              eps, sum, sum_sq, variant);
+                              eps, sum, sum_sq, variant, num_batches_tracked);
     } else {
       std::tie(out, mask, save_mean, save_invstd) =
           call_below_autograd(batch_norm_add_relu_op(), input, *residual, weight, bias, running_mean, running_var,
-                              training, momentum, eps, sum, sum_sq, variant);
+                              training, momentum, eps, sum, sum_sq, variant, num_batches_tracked);
     }
     if (training) {
-      for (const OptionalTensor* t : {&running_mean, &running_var}) {
+      for (const OptionalTensor* t : {&running_mean, &running_var, &num_batches_tracked}) {
         if (t->has_value() && (*t)->defined()) torch::autograd::impl::bump_version(**t);
       }
     }
@@ -132,7 +120,7 @@ class BatchNormFunction : public torch::autograd::Function<BatchNormFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list result(13);
+    variable_list result(14);
     const Tensor& grad = grads[0];
     const auto needs = [ctx](const char* key) {
       const int64_t slot = ctx->saved_data[key].toInt();
@@ -158,27 +146,30 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_autograd(const Tensor& input, cons
                                                        const OptionalTensor& bias, const OptionalTensor& running_mean,
                                                        const OptionalTensor& running_var, bool training,
                                                        double momentum, double eps, const OptionalTensor& sum,
-                                                       const OptionalTensor& sum_sq, Variant variant) {
+                                                       const OptionalTensor& sum_sq, Variant variant,
+                                                       const OptionalTensor& num_batches_tracked) {
   const auto out = BatchNormFunction::apply(input, std::nullopt, weight, bias, running_mean, running_var, sum, sum_sq,
-                                            kPlain, training, momentum, eps, variant);
+                                            num_batches_tracked, kPlain, training, momentum, eps, variant);
   return {out[0], out[1], out[2]};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_relu_autograd(
     const Tensor& input, const OptionalTensor& weight, const OptionalTensor& bias, const OptionalTensor& running_mean,
     const OptionalTensor& running_var, bool training, double momentum, double eps, const OptionalTensor& sum,
-    const OptionalTensor& sum_sq, Variant variant) {
+    const OptionalTensor& sum_sq, Variant variant, const OptionalTensor& num_batches_tracked) {
   const auto out = BatchNormFunction::apply(input, std::nullopt, weight, bias, running_mean, running_var, sum, sum_sq,
-                                            kRelu, training, momentum, eps, variant);
+                                            num_batches_tracked, kRelu, training, momentum, eps, variant);
   return {out[0], out[1], out[2], out[3]};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_add_relu_autograd(
     const Tensor& input, const Tensor& residual, const OptionalTensor& weight, const OptionalTensor& bias,
     const OptionalTensor& running_mean, const OptionalTensor& running_var, bool training, double momentum, double eps,
-    const OptionalTensor& sum, const OptionalTensor& sum_sq, Variant variant) {
-  const auto out = BatchNormFunction::apply(input, OptionalTensor(residual), weight, bias, running_mean, running_var,
-                                            sum, sum_sq, kAddRelu, training, momentum, eps, variant);
+    const OptionalTensor& sum, const OptionalTensor& sum_sq, Variant variant,
+    const OptionalTensor& num_batches_tracked) {
+  const auto out =
+      BatchNormFunction::apply(input, OptionalTensor(residual), weight, bias, running_mean, running_var, sum, sum_sq,
+                               num_batches_tracked, kAddRelu, training, momentum, eps, variant);
   return {out[0], out[1], out[2], out[3]};
 }
 

@@ -320,9 +320,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, bool training, double momentum, double eps,
     const std::optional<at::Tensor>& sum, const std::optional<at::Tensor>& sum_sq,
-    const std::optional<c10::string_view>& variant, bool relu) {
-  const at::ScalarType pdt =
-      check_batch_norm_args(op, input, residual, weight, bias, running_mean, running_var, training, sum, sum_sq);
+    const std::optional<c10::string_view>& variant, bool relu, const std::optional<at::Tensor>& num_batches_tracked) {
+  const at::ScalarType pdt = check_batch_norm_args(op, input, residual, weight, bias, running_mean, running_var,
+                                                   training, sum, sum_sq, num_batches_tracked);
   check_cpu_variant(op, variant);
   const at::MemoryFormat fmt = batch_norm_memory_format(input);
   const BatchNormShape s = batch_norm_shape(input, fmt);
@@ -361,6 +361,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
   });
   rm.finish();
   rv.finish();
+  if (num_batches_tracked.has_value() && num_batches_tracked->defined()) num_batches_tracked->add_(1);
   return {out, mask, save_mean, save_invstd};
 }
 
@@ -368,9 +369,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_cpu(
     const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var, bool training,
     double momentum, double eps, const std::optional<at::Tensor>& sum, const std::optional<at::Tensor>& sum_sq,
-    std::optional<c10::string_view> variant) {
-  auto [out, mask, save_mean, save_invstd] = forward("torchext::batch_norm", input, nullptr, weight, bias, running_mean,
-                                                     running_var, training, momentum, eps, sum, sum_sq, variant, false);
+    std::optional<c10::string_view> variant, const std::optional<at::Tensor>& num_batches_tracked) {
+  auto [out, mask, save_mean, save_invstd] =
+      forward("torchext::batch_norm", input, nullptr, weight, bias, running_mean, running_var, training, momentum, eps,
+              sum, sum_sq, variant, false, num_batches_tracked);
   return {out, save_mean, save_invstd};
 }
 
@@ -378,9 +380,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_relu_cpu(
     const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var, bool training,
     double momentum, double eps, const std::optional<at::Tensor>& sum, const std::optional<at::Tensor>& sum_sq,
-    std::optional<c10::string_view> variant) {
+    std::optional<c10::string_view> variant, const std::optional<at::Tensor>& num_batches_tracked) {
   return forward("torchext::batch_norm_relu", input, nullptr, weight, bias, running_mean, running_var, training,
-                 momentum, eps, sum, sum_sq, variant, true);
+                 momentum, eps, sum, sum_sq, variant, true, num_batches_tracked);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_add_relu_cpu(
@@ -388,9 +390,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_add_relu_c
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, bool training, double momentum, double eps,
     const std::optional<at::Tensor>& sum, const std::optional<at::Tensor>& sum_sq,
-    std::optional<c10::string_view> variant) {
+    std::optional<c10::string_view> variant, const std::optional<at::Tensor>& num_batches_tracked) {
   return forward("torchext::batch_norm_add_relu", input, &residual, weight, bias, running_mean, running_var, training,
-                 momentum, eps, sum, sum_sq, variant, true);
+                 momentum, eps, sum, sum_sq, variant, true, num_batches_tracked);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cpu(

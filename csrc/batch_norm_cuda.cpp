@@ -1,8 +1,8 @@
 // CUDA wrappers for torchext::batch_norm, batch_norm_relu, batch_norm_add_relu and batch_norm_backward: the checks and
 // layout rule of csrc/batch_norm.h, device guard, the variant by name or the ladder's default
 // (cuda_ops/batch_norm.cuh), one launcher call on the current stream, checked. Workspaces come from the caching
-// allocator; the running buffers are updated on the device by the finalize kernel: no host synchronization, no device
-// value read (CUDA-graph capture safe).
+// allocator; the running buffers (and num_batches_tracked) are updated on the device by the finalize kernel: no host
+// synchronization, no device value read (CUDA-graph capture safe).
 //
 // The kernels read the input (and residual, grad_out) as a dense tensor in the layout rule's memory format: one in
 // another layout (sliced, expanded, transposed, or channels-last where the rule says contiguous) is copied into it
@@ -81,9 +81,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, bool training, double momentum, double eps,
     const std::optional<at::Tensor>& sum, const std::optional<at::Tensor>& sum_sq,
-    const std::optional<c10::string_view>& variant_name, bool relu) {
-  const at::ScalarType pdt =
-      check_batch_norm_args(op, input, residual, weight, bias, running_mean, running_var, training, sum, sum_sq);
+    const std::optional<c10::string_view>& variant_name, bool relu,
+    const std::optional<at::Tensor>& num_batches_tracked) {
+  const at::ScalarType pdt = check_batch_norm_args(op, input, residual, weight, bias, running_mean, running_var,
+                                                   training, sum, sum_sq, num_batches_tracked);
   const std::optional<BatchNormKernel> variant = parse_variant(op, variant_name);
   c10::cuda::CUDAGuard guard(input.device());
   const at::MemoryFormat fmt = batch_norm_memory_format(input);
@@ -117,6 +118,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
       args.save_mean = static_cast<A*>(save_mean.data_ptr());
       args.save_invstd = static_cast<A*>(save_invstd.data_ptr());
       args.training = training;
+      args.num_batches_tracked = param_mutable_ptr<int64_t>(num_batches_tracked);
       args.momentum = momentum;
       args.eps = eps;
       const BatchNormKernel kernel = choose(op, variant, args, cuda_ops::batch_norm_forward_supported<T, P>,
@@ -126,6 +128,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
       C10_CUDA_CHECK(cuda_ops::batch_norm_forward(kernel, args, current_stream(), workspace.mutable_data_ptr()));
     });
   });
+  if (shape.c == 0 && num_batches_tracked.has_value() && num_batches_tracked->defined()) {
+    num_batches_tracked->add_(1);  // no channel, no finalize kernel to count the batch
+  }
   if (training) {
     if (rm.defined() && !rm.is_same(*running_mean)) running_mean->copy_(rm);
     if (rv.defined() && !rv.is_same(*running_var)) running_var->copy_(rv);
@@ -137,9 +142,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_cuda(
     const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var, bool training,
     double momentum, double eps, const std::optional<at::Tensor>& sum, const std::optional<at::Tensor>& sum_sq,
-    std::optional<c10::string_view> variant) {
-  auto [out, mask, save_mean, save_invstd] = forward("torchext::batch_norm", input, nullptr, weight, bias, running_mean,
-                                                     running_var, training, momentum, eps, sum, sum_sq, variant, false);
+    std::optional<c10::string_view> variant, const std::optional<at::Tensor>& num_batches_tracked) {
+  auto [out, mask, save_mean, save_invstd] =
+      forward("torchext::batch_norm", input, nullptr, weight, bias, running_mean, running_var, training, momentum, eps,
+              sum, sum_sq, variant, false, num_batches_tracked);
   return {out, save_mean, save_invstd};
 }
 
@@ -147,9 +153,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_relu_cuda(
     const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var, bool training,
     double momentum, double eps, const std::optional<at::Tensor>& sum, const std::optional<at::Tensor>& sum_sq,
-    std::optional<c10::string_view> variant) {
+    std::optional<c10::string_view> variant, const std::optional<at::Tensor>& num_batches_tracked) {
   return forward("torchext::batch_norm_relu", input, nullptr, weight, bias, running_mean, running_var, training,
-                 momentum, eps, sum, sum_sq, variant, true);
+                 momentum, eps, sum, sum_sq, variant, true, num_batches_tracked);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_add_relu_cuda(
@@ -157,9 +163,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_add_relu_c
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, bool training, double momentum, double eps,
     const std::optional<at::Tensor>& sum, const std::optional<at::Tensor>& sum_sq,
-    std::optional<c10::string_view> variant) {
+    std::optional<c10::string_view> variant, const std::optional<at::Tensor>& num_batches_tracked) {
   return forward("torchext::batch_norm_add_relu", input, &residual, weight, bias, running_mean, running_var, training,
-                 momentum, eps, sum, sum_sq, variant, true);
+                 momentum, eps, sum, sum_sq, variant, true, num_batches_tracked);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cuda(

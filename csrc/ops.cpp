@@ -114,20 +114,23 @@ TORCH_LIBRARY(torchext, m) {
   // squares over (N, H, W), e.g. from conv2d_stats, in place of the statistics pass. save_mean and save_invstd are the
   // mean and 1 / sqrt(var + eps) used, float32 (float64 for float64 inputs). `variant` names one version of the CUDA
   // ladder ('simple', 'vectorized', 'fused'; 'cpu' on CPU); None picks the fastest that supports the arguments.
+  // `num_batches_tracked` (training only): nn.BatchNorm2d's counter, a one-element int64 tensor the op adds 1 to (on
+  // the device, in the kernel that updates the running buffers: no launch of its own).
   m.def(
       "batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, "
-      "bool training, float momentum, float eps, Tensor? sum=None, Tensor? sum_sq=None, str? variant=None) -> "
-      "(Tensor out, Tensor save_mean, Tensor save_invstd)");
+      "bool training, float momentum, float eps, Tensor? sum=None, Tensor? sum_sq=None, str? variant=None, "
+      "Tensor(c!)? num_batches_tracked=None) -> (Tensor out, Tensor save_mean, Tensor save_invstd)");
   // relu(batch_norm(input)) and relu(batch_norm(input) + residual), with the relu's 1-bit mask (uint8, one bit per
   // element in memory order) for the backward, which never needs the output.
   m.def(
       "batch_norm_relu(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, "
-      "bool training, float momentum, float eps, Tensor? sum=None, Tensor? sum_sq=None, str? variant=None) -> "
-      "(Tensor out, Tensor mask, Tensor save_mean, Tensor save_invstd)");
+      "bool training, float momentum, float eps, Tensor? sum=None, Tensor? sum_sq=None, str? variant=None, "
+      "Tensor(c!)? num_batches_tracked=None) -> (Tensor out, Tensor mask, Tensor save_mean, Tensor save_invstd)");
   m.def(
       "batch_norm_add_relu(Tensor input, Tensor residual, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
       "Tensor(b!)? running_var, bool training, float momentum, float eps, Tensor? sum=None, Tensor? sum_sq=None, "
-      "str? variant=None) -> (Tensor out, Tensor mask, Tensor save_mean, Tensor save_invstd)");
+      "str? variant=None, Tensor(c!)? num_batches_tracked=None) -> (Tensor out, Tensor mask, Tensor save_mean, "
+      "Tensor save_invstd)");
   // Gradients of input, weight, bias and residual (the last is grad_out masked by the relu, for batch_norm_add_relu);
   // mask: the forward's, or None without a relu; eps: the forward's (the composed double backward recomputes the
   // statistics). An output whose output_mask entry is false comes back as an empty tensor.

@@ -30,8 +30,9 @@
 //               thread; the block's rows combined by a fixed shared-memory tree. Written for occupancy, which is what
 //               keeps enough bytes in flight: 32-bit offsets where the tensor allows, the residual a template
 //               parameter, registers capped for 2 blocks per SM (3 for half types' normalize), and 264 long
-//               reduction blocks per pass (2 per SM on an H200 and H100) rather than 1024 short ones; the finalize's block is 4 channels x 64 rows of chunks. planes (B % 8 ==
-//               0): 8 elements of one plane per load, one channel per unit.
+//               reduction blocks per pass (2 per SM on an H200 and H100) rather than 1024 short ones; the finalize's
+//               block is 4 channels x 64 rows of chunks. planes (B % 8 == 0): 8 elements of one plane per load, one
+//               channel per unit.
 //   fused       vectorized's arguments; on rows x C its own kernels (the rest runs vectorized's). The finalize folded
 //               into the reductions: each block writes its partial sums, and the last block of each group of 32
 //               chunks (then the last group) adds them in chunk (group) order, found with integer counters zeroed by a
@@ -305,9 +306,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
 #pragma unroll
       for (int j = 0; j < kUnit; ++j) ref[j] = to_acc<T>(k[j]);
     }
-    t.template for_rows<N>([&](auto n, I e, I m) {
-      reduce_rows_group<T, BWD, decltype(n)::value>(in, t, e, m, ref, s0, s1);
-    });
+    t.template for_rows<N>(
+        [&](auto n, I e, I m) { reduce_rows_group<T, BWD, decltype(n)::value>(in, t, e, m, ref, s0, s1); });
   }
   // The block's rows, combined by a fixed tree over ty.
   const int slot = (ty * bx + tx) * kUnit;
@@ -439,6 +439,7 @@ __device__ __forceinline__ void finalize_forward_channel(const BatchNormForwardA
   const int64_t C = args.shape.c, n = args.shape.a * args.shape.b;
   double mean = 0, invstd = 0;
   if (args.training) {
+    if (c == 0 && args.num_batches_tracked != nullptr) *args.num_batches_tracked += 1;
     if (n > 0) {
       double k = 0;
       if (args.sum != nullptr) {
@@ -743,9 +744,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
   if (!t.active()) return;
   BackwardCoef<T> coef;
   coef.load(coef_in, C, t.c0);
-  t.template for_rows<N>([&](auto n, I e, I m) {
-    backward_rows_group<T, decltype(n)::value>(dy, x, mask, dx, gres, t, e, m, coef, f);
-  });
+  t.template for_rows<N>(
+      [&](auto n, I e, I m) { backward_rows_group<T, decltype(n)::value>(dy, x, mask, dx, gres, t, e, m, coef, f); });
 }
 
 template <typename T, bool VEC>

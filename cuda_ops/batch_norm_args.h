@@ -60,6 +60,7 @@ struct BatchNormForwardArgsT {
   const A* sum_sq = nullptr;
   A* save_mean = nullptr;  // C values each: the mean and 1 / sqrt(var + eps) used
   A* save_invstd = nullptr;
+  int64_t* num_batches_tracked = nullptr;  // training: 1 added (by channel 0's finalize), or nullptr
   bool training = true;
   double momentum = 0.1, eps = 1e-5;
 };

@@ -293,6 +293,22 @@ CASES = [
         "ValueError",
         ["more than 1 value per channel"],
     ),
+    (
+        "TF.batch_norm(img, torch.zeros(4), torch.ones(4), num_batches_tracked=torch.tensor(0))",
+        "ValueError",
+        ["`num_batches_tracked`", "training=True"],
+    ),
+    (
+        "TF.batch_norm(img, None, None, training=True, num_batches_tracked=torch.tensor(0.0))",
+        "TypeError",
+        ["`num_batches_tracked`", "int64"],
+    ),
+    (
+        "TF.batch_norm_relu(img, None, None, training=True, num_batches_tracked=torch.zeros(2, dtype=torch.long))",
+        "ValueError",
+        ["`num_batches_tracked`", "one value"],
+    ),
+    ("TF.batch_norm(img, None, None, training=True, num_batches_tracked=1)", "TypeError", ["`num_batches_tracked`"]),
     ("TF.batch_norm_add_relu(img, None, None, None, training=True)", "TypeError", ["`residual`", "NoneType"]),
     ("TF.batch_norm_add_relu(img, img[:1], None, None, training=True)", "ValueError", ["`residual`", "shape"]),
     ("TF.batch_norm_add_relu(img, img.double(), None, None, training=True)", "TypeError", ["`residual`", "dtype"]),

@@ -202,6 +202,59 @@ def test_running_buffers_version_and_n1():
     assert torch.isnan(rv).all(), f"[running_var after one value per channel] {rv}"
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_num_batches_tracked_counted_by_the_op(device):
+    """num_batches_tracked given to an op in training gains exactly 1 per call (each op; an empty batch and a tensor
+    with no channels count too, as nn.BatchNorm2d counts them) and its version counter advances."""
+    count = torch.zeros((), dtype=torch.long, device=device)
+    calls = 0
+    for shape in [(4, 8, 3, 3), (0, 8, 3, 3), (2, 0, 3, 3)]:
+        x = torch.randn(shape, device=device).contiguous(memory_format=torch.channels_last)
+        for kind in KINDS:
+            version = count._version
+            if kind == "plain":
+                ops.batch_norm(x, None, None, None, None, True, 0.1, 1e-5, num_batches_tracked=count)
+            elif kind == "relu":
+                ops.batch_norm_relu(x, None, None, None, None, True, 0.1, 1e-5, num_batches_tracked=count)
+            else:
+                ops.batch_norm_add_relu(x, x, None, None, None, None, True, 0.1, 1e-5, num_batches_tracked=count)
+            calls += 1
+            assert count.item() == calls, f"[{kind} {shape}] num_batches_tracked {count.item()}, expected {calls}"
+            assert count._version > version, f"[{kind} {shape}] version counter"
+
+
+@pytest.mark.parametrize("momentum", [0.1, None], ids=["momentum=0.1", "momentum=None"])
+def test_modules_count_batches_in_the_op(momentum):
+    """With a momentum the modules hand num_batches_tracked to the op, which counts the batch (no aten::add_ of their
+    own in a training forward); with momentum=None the factor 1 / num_batches_tracked needs the count first, so the
+    module adds it on the host as torch does. Either way the count is nn.BatchNorm2d's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(4, 6, 3, 3)
+    for module in (tnn.BatchNorm2d(6, momentum=momentum), tnn.BatchNormReLU2d(6, momentum=momentum)):
+        with Record() as rec:
+            module(x)
+        adds = [n for n in rec.names if n.startswith("aten.add")]
+        assert len(adds) == (0 if momentum is not None else 1), f"[{type(module).__name__}] {rec.names}"
+        assert module.num_batches_tracked.item() == 1
+    pair = tnn.Conv2dBatchNormReLU(3, 6, 3, padding=1, momentum=momentum)
+    stock = nn.BatchNorm2d(6, momentum=momentum)
+    for _ in range(3):
+        pair(torch.randn(2, 3, 5, 5))
+        stock(torch.randn(2, 6, 5, 5))
+    pair.eval()(torch.randn(2, 3, 5, 5))
+    assert torch.equal(pair.bn.num_batches_tracked, stock.num_batches_tracked)
+
+
 # --- backward --------------------------------------------------------------------------------------------------------
 
 

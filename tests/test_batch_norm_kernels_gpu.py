@@ -328,3 +328,38 @@ def test_batch_norm_fused_single_launch_matches_two(dtype, monkeypatch):
         names += ("grad_input", "grad_weight", "grad_bias", "grad_residual")
         for name, one, two in zip(names, runs["1"][0], runs["0"][0], strict=True):
             assert torch.equal(one, two), f"[{tag} {name}] one launch vs two: bits differ"
+
+
+@pytest.mark.parametrize("single", ["1", "0"], ids=["single-launch", "two-launch"])
+def test_batch_norm_counts_num_batches_tracked_once(single, monkeypatch):
+    """num_batches_tracked is added to by channel 0's finalize (or the fused rung's last block) on the device: exactly
+    1 per training call for every variant, both forms of the fused rung, every kernel path (rows, planes, simple,
+    several column blocks), in a CUDA graph replayed 3 times too, and never in eval."""
+    monkeypatch.setenv("TORCHEXT_BATCH_NORM_SINGLE", single)
+    count = torch.zeros((), dtype=torch.long, device="cuda")
+    expected = 0
+    for shape in ((3, 16, 5, 7), (2, 8, 4, 6), (3, 5, 3, 3), (6, 264, 5, 5), (64, 32, 16, 16)):
+        for layout in LAYOUTS:
+            x, r, g, w, b, rm, rv = _make(shape, torch.bfloat16, layout, seed=3)
+            for variant in VARIANTS:
+                try:
+                    ops.batch_norm_add_relu(x, r, w, b, rm, rv, True, 0.1, 1e-5, None, None, variant, count)
+                except ValueError as e:  # a named variant that does not support these arguments
+                    assert "does not support" in str(e)
+                    continue
+                expected += 1
+                assert count.item() == expected, f"[{shape} {layout} {variant}] {count.item()} != {expected}"
+            ops.batch_norm(x, w, b, rm, rv, False, 0.1, 1e-5)
+    x, r, g, w, b, rm, rv = _make((8, 16, 4, 4), torch.float32, "nhwc", seed=4)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        ops.batch_norm_relu(x, w, b, rm, rv, True, 0.1, 1e-5, None, None, None, count)  # warm-up
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.batch_norm_relu(x, w, b, rm, rv, True, 0.1, 1e-5, None, None, None, count)
+    before = count.item()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert count.item() == before + 3, f"[CUDA graph] {count.item()} after 3 replays from {before}"

@@ -297,6 +297,8 @@ def _batch_norm(relu, residual):
         s, ss = x.to(stats).sum((0, 2, 3)), x.to(stats).square().sum((0, 2, 3))
         lead = (x, make_tensor(x.shape, dtype, device, "channels_last")) if residual else (x,)
         yield "sums given", (*lead, None, None, None, None, True, 0.1, 1e-5, s, ss, None), {}
+        count = torch.zeros((), dtype=torch.long, device=device)  # written in place, declared so by the schema
+        yield "num_batches_tracked", (*lead, None, None, None, None, True, 0.1, 1e-5, None, None, None, count), {}
 
     return samples
 

@@ -293,13 +293,17 @@ def batch_norm(
     sum: Optional[Tensor] = None,
     sum_sq: Optional[Tensor] = None,
     kernel: Optional[str] = None,
+    num_batches_tracked: Optional[Tensor] = None,
 ) -> Tensor:
     """torch.nn.functional.batch_norm, plus ``sum`` / ``sum_sq`` (training: input's per-channel sum and sum of squares,
-    e.g. from torchext.ops.conv2d_stats, in place of the statistics pass) and ``kernel`` (a version of the CUDA ladder,
-    torchext.ops.batch_norm.BATCH_NORM_KERNELS, or 'cpu'; None the fastest that supports the arguments)."""
+    e.g. from torchext.ops.conv2d_stats, in place of the statistics pass), ``kernel`` (a version of the CUDA ladder,
+    torchext.ops.batch_norm.BATCH_NORM_KERNELS, or 'cpu'; None the fastest that supports the arguments) and
+    ``num_batches_tracked`` (training: a one-element int64 tensor, such as nn.BatchNorm2d's counter, that the op adds 1
+    to on the device, in the kernel that updates the running buffers)."""
     if training and isinstance(input, Tensor):
         F_torch._verify_batch_size(input.size())
-    return ops.batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps, sum, sum_sq, kernel)
+    return ops.batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps, sum, sum_sq, kernel,
+                          num_batches_tracked)  # fmt: skip
 
 
 def batch_norm_relu(
@@ -315,12 +319,13 @@ def batch_norm_relu(
     sum: Optional[Tensor] = None,
     sum_sq: Optional[Tensor] = None,
     kernel: Optional[str] = None,
+    num_batches_tracked: Optional[Tensor] = None,
 ) -> Tensor:
     """relu(batch_norm(...)) in one pass (batch_norm's arguments)."""
     if training and isinstance(input, Tensor):
         F_torch._verify_batch_size(input.size())
     return ops.batch_norm_relu(input, weight, bias, running_mean, running_var, training, momentum, eps, sum, sum_sq,
-                               kernel)  # fmt: skip
+                               kernel, num_batches_tracked)  # fmt: skip
 
 
 def batch_norm_add_relu(
@@ -337,12 +342,15 @@ def batch_norm_add_relu(
     sum: Optional[Tensor] = None,
     sum_sq: Optional[Tensor] = None,
     kernel: Optional[str] = None,
+    num_batches_tracked: Optional[Tensor] = None,
 ) -> Tensor:
     """relu(batch_norm(input, ...) + residual) in one pass; residual is shaped like input (the block's shortcut)."""
     if training and isinstance(input, Tensor):
         F_torch._verify_batch_size(input.size())
     return ops.batch_norm_add_relu(input, residual, weight, bias, running_mean, running_var, training, momentum, eps,
-                                   sum, sum_sq, kernel)  # fmt: skip
+                                   sum, sum_sq, kernel, num_batches_tracked)  # fmt: skip
+
+
 # --- pooling (torchext/ops/pooling.py) -------------------------------------------------------------------------
 
 

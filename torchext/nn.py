@@ -270,24 +270,30 @@ class BatchNorm2d(nn.BatchNorm2d):
     batch's statistics in eval too). A stock layer converts with ``BatchNorm2d.from_torch(bn)``."""
 
     def _batch_norm_args(self) -> tuple:
-        """(training, momentum, running_mean, running_var) for this call, as nn.BatchNorm2d.forward computes them
-        (counting the batch in num_batches_tracked when it trains)."""
+        """(training, momentum, running_mean, running_var, count) for this call, as nn.BatchNorm2d.forward computes
+        them, counting the batch in num_batches_tracked when it trains: with a momentum the op counts it on the device
+        (``count`` is num_batches_tracked, passed to it), saving the separate add_ launch; with momentum=None the
+        factor 1 / num_batches_tracked needs the count first, so it is added here, as torch does (``count`` None)."""
         factor = 0.0 if self.momentum is None else self.momentum
+        count = None
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked.add_(1)
-            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+            if self.momentum is None:
+                self.num_batches_tracked.add_(1)
+                factor = 1.0 / float(self.num_batches_tracked)
+            else:
+                count = self.num_batches_tracked
         training = self.training or (self.running_mean is None and self.running_var is None)
         keep = not self.training or self.track_running_stats
-        return training, factor, self.running_mean if keep else None, self.running_var if keep else None
+        return training, factor, self.running_mean if keep else None, self.running_var if keep else None, count
 
     def forward(self, input: Tensor, sum: Optional[Tensor] = None, sum_sq: Optional[Tensor] = None) -> Tensor:
         """``sum`` / ``sum_sq``: input's per-channel sums over (N, H, W), e.g. from a Conv2dStats before it; used when
         the batch's statistics normalize (training) and no forward pre-hook is registered, ignored otherwise."""
         self._check_input_dim(input)
-        training, momentum, running_mean, running_var = self._batch_norm_args()
+        training, momentum, running_mean, running_var, count = self._batch_norm_args()
         s, ss = _sums_if_used(self, training, sum, sum_sq)
         return F.batch_norm(input, running_mean, running_var, self.weight, self.bias, training, momentum, self.eps,
-                            sum=s, sum_sq=ss)  # fmt: skip
+                            sum=s, sum_sq=ss, num_batches_tracked=count)  # fmt: skip
 
     @classmethod
     def from_torch(cls, bn: nn.BatchNorm2d):
@@ -312,10 +318,10 @@ class BatchNormReLU2d(BatchNorm2d):
 
     def forward(self, input: Tensor, sum: Optional[Tensor] = None, sum_sq: Optional[Tensor] = None) -> Tensor:
         self._check_input_dim(input)
-        training, momentum, running_mean, running_var = self._batch_norm_args()
+        training, momentum, running_mean, running_var, count = self._batch_norm_args()
         s, ss = _sums_if_used(self, training, sum, sum_sq)
         return F.batch_norm_relu(input, running_mean, running_var, self.weight, self.bias, training, momentum,
-                                 self.eps, sum=s, sum_sq=ss)  # fmt: skip
+                                 self.eps, sum=s, sum_sq=ss, num_batches_tracked=count)  # fmt: skip
 
 
 class BatchNormAddReLU2d(BatchNorm2d):
@@ -327,10 +333,10 @@ class BatchNormAddReLU2d(BatchNorm2d):
         self, input: Tensor, residual: Tensor, sum: Optional[Tensor] = None, sum_sq: Optional[Tensor] = None
     ) -> Tensor:
         self._check_input_dim(input)
-        training, momentum, running_mean, running_var = self._batch_norm_args()
+        training, momentum, running_mean, running_var, count = self._batch_norm_args()
         s, ss = _sums_if_used(self, training, sum, sum_sq)
         return F.batch_norm_add_relu(input, residual, running_mean, running_var, self.weight, self.bias, training,
-                                     momentum, self.eps, sum=s, sum_sq=ss)  # fmt: skip
+                                     momentum, self.eps, sum=s, sum_sq=ss, num_batches_tracked=count)  # fmt: skip
 
 
 class Conv2dBatchNormReLU(nn.Sequential):
@@ -377,14 +383,15 @@ class Conv2dBatchNormReLU(nn.Sequential):
 
     def forward(self, input: Tensor) -> Tensor:
         conv, bn = self.conv, self.bn
-        training, momentum, running_mean, running_var = bn._batch_norm_args()
+        training, momentum, running_mean, running_var, count = bn._batch_norm_args()
         if not training:
             out = conv(input)
-            return F.batch_norm_relu(out, running_mean, running_var, bn.weight, bn.bias, False, momentum, bn.eps)
+            return F.batch_norm_relu(out, running_mean, running_var, bn.weight, bn.bias, False, momentum, bn.eps,
+                                     num_batches_tracked=count)  # fmt: skip
         x, padding = _conv2d_input_and_padding(conv, input)
         out, s, ss = ops.conv2d_stats(x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups)
         return F.batch_norm_relu(out, running_mean, running_var, bn.weight, bn.bias, True, momentum, bn.eps, sum=s,
-                                 sum_sq=ss)  # fmt: skip
+                                 sum_sq=ss, num_batches_tracked=count)  # fmt: skip
 
     @classmethod
     def from_torch(cls, conv: nn.Conv2d, bn: nn.BatchNorm2d) -> "Conv2dBatchNormReLU":

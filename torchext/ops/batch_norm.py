@@ -62,13 +62,16 @@ def batch_norm(
     sum: Optional[Tensor] = None,
     sum_sq: Optional[Tensor] = None,
     kernel: Optional[str] = None,
+    num_batches_tracked: Optional[Tensor] = None,
 ) -> Tensor:
-    """(input - mean) / sqrt(var + eps) * weight + bias per channel (dim 1); see the module's docstring."""
+    """(input - mean) / sqrt(var + eps) * weight + bias per channel (dim 1); see the module's docstring.
+    ``num_batches_tracked`` (training): a one-element int64 tensor the op adds 1 to on the device (nn.BatchNorm2d's
+    counter), the same for the two fused ops."""
     _check_tensors("batch_norm", input, None, weight=weight, bias=bias, running_mean=running_mean,
-                   running_var=running_var, sum=sum, sum_sq=sum_sq)  # fmt: skip
-    return _ops.batch_norm.default(
-        input, weight, bias, running_mean, running_var, training, momentum, eps, sum, sum_sq, kernel
-    )[0]
+                   running_var=running_var, sum=sum, sum_sq=sum_sq,
+                   num_batches_tracked=num_batches_tracked)  # fmt: skip
+    return _ops.batch_norm.default(input, weight, bias, running_mean, running_var, training,
+                                  momentum, eps, sum, sum_sq, kernel, num_batches_tracked)[0]  # fmt: skip
 
 
 def batch_norm_relu(
@@ -83,13 +86,14 @@ def batch_norm_relu(
     sum: Optional[Tensor] = None,
     sum_sq: Optional[Tensor] = None,
     kernel: Optional[str] = None,
+    num_batches_tracked: Optional[Tensor] = None,
 ) -> Tensor:
     """relu(batch_norm(...)) in one pass."""
     _check_tensors("batch_norm_relu", input, None, weight=weight, bias=bias, running_mean=running_mean,
-                   running_var=running_var, sum=sum, sum_sq=sum_sq)  # fmt: skip
-    return _ops.batch_norm_relu.default(
-        input, weight, bias, running_mean, running_var, training, momentum, eps, sum, sum_sq, kernel
-    )[0]
+                   running_var=running_var, sum=sum, sum_sq=sum_sq,
+                   num_batches_tracked=num_batches_tracked)  # fmt: skip
+    return _ops.batch_norm_relu.default(input, weight, bias, running_mean, running_var, training,
+                                       momentum, eps, sum, sum_sq, kernel, num_batches_tracked)[0]  # fmt: skip
 
 
 def batch_norm_add_relu(
@@ -105,19 +109,21 @@ def batch_norm_add_relu(
     sum: Optional[Tensor] = None,
     sum_sq: Optional[Tensor] = None,
     kernel: Optional[str] = None,
+    num_batches_tracked: Optional[Tensor] = None,
 ) -> Tensor:
     """relu(batch_norm(input, ...) + residual) in one pass; residual is shaped like input."""
     if residual is None:
         raise not_a_tensor("batch_norm_add_relu", "residual", residual)
     _check_tensors("batch_norm_add_relu", input, residual, weight=weight, bias=bias, running_mean=running_mean,
-                   running_var=running_var, sum=sum, sum_sq=sum_sq)  # fmt: skip
-    return _ops.batch_norm_add_relu.default(
-        input, residual, weight, bias, running_mean, running_var, training, momentum, eps, sum, sum_sq, kernel
-    )[0]
+                   running_var=running_var, sum=sum, sum_sq=sum_sq,
+                   num_batches_tracked=num_batches_tracked)  # fmt: skip
+    return _ops.batch_norm_add_relu.default(input, residual, weight, bias, running_mean, running_var, training,
+                                           momentum, eps, sum, sum_sq, kernel, num_batches_tracked)[0]  # fmt: skip
 
 
 # Fake kernels: the real kernels' sizes, strides and dtypes (csrc/batch_norm.h), for torch.compile and meta tensors.
-# The running buffers are declared mutated by the schema (Tensor(a!)?); a fake kernel leaves them alone.
+# The running buffers and num_batches_tracked are declared mutated by the schema (Tensor(a!)?); a fake kernel leaves
+# them alone.
 def memory_format(t: Tensor) -> torch.memory_format:
     """csrc/batch_norm.h's rule: input's suggested memory format (channels-last, channels-last-3d or contiguous)."""
     if _suggest_memory_format is not None:
@@ -149,18 +155,20 @@ def _forward_fake(op, input, weight, bias, running_mean, running_var, relu):
 
 
 @torch.library.register_fake("torchext::batch_norm")
-def _(input, weight, bias, running_mean, running_var, training, momentum, eps, sum=None, sum_sq=None, variant=None):
+def _(input, weight, bias, running_mean, running_var, training, momentum, eps, sum=None, sum_sq=None, variant=None,
+      num_batches_tracked=None):  # fmt: skip
     return _forward_fake("batch_norm", input, weight, bias, running_mean, running_var, relu=False)
 
 
 @torch.library.register_fake("torchext::batch_norm_relu")
-def _(input, weight, bias, running_mean, running_var, training, momentum, eps, sum=None, sum_sq=None, variant=None):
+def _(input, weight, bias, running_mean, running_var, training, momentum, eps, sum=None, sum_sq=None, variant=None,
+      num_batches_tracked=None):  # fmt: skip
     return _forward_fake("batch_norm_relu", input, weight, bias, running_mean, running_var, relu=True)
 
 
 @torch.library.register_fake("torchext::batch_norm_add_relu")
 def _(input, residual, weight, bias, running_mean, running_var, training, momentum, eps, sum=None, sum_sq=None,
-      variant=None):  # fmt: skip
+      variant=None, num_batches_tracked=None):  # fmt: skip
     torch._check(residual.shape == input.shape, lambda: "torchext::batch_norm_add_relu: `residual` must match `input`")
     return _forward_fake("batch_norm_add_relu", input, weight, bias, running_mean, running_var, relu=True)
 
