@@ -261,6 +261,37 @@ class AddFunction : public torch::autograd::Function<AddFunction> {
 Tensor add_autograd(const Tensor& self, const Tensor& other) { return AddFunction::apply(self, other); }
 
 // ---------------------------------------------------------------------------------------------------------------
+// fork: n views of self; the gradients that reach them are summed with torchext::add (in order; an alias whose user
+// gave no gradient is skipped). Under create_graph the adds record AddFunction nodes, so higher derivatives flow.
+
+std::vector<Tensor> fork_views(const Tensor& self, int64_t n) {
+  TORCH_CHECK_VALUE(n >= 1, "torchext::fork: `n` must be at least 1, got ", n);
+  std::vector<Tensor> out;
+  out.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out.push_back(self.alias());
+  return out;
+}
+
+class ForkFunction : public torch::autograd::Function<ForkFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& self, int64_t n) {
+    ctx->set_materialize_grads(false);
+    return fork_views(self, n);
+  }
+
+  static variable_list backward(AutogradContext*, variable_list grads) {
+    static const auto add = find_op<Tensor(const Tensor&, const Tensor&)>("torchext::add");
+    Tensor total;
+    for (const Tensor& g : grads) {
+      if (g.defined()) total = total.defined() ? add.call(total, g) : g;
+    }
+    return {total, Tensor()};
+  }
+};
+
+std::vector<Tensor> fork_autograd(const Tensor& self, int64_t n) { return ForkFunction::apply(self, n); }
+
+// ---------------------------------------------------------------------------------------------------------------
 // cross_entropy -> (loss, lse, total_weight); lse and total_weight are not differentiable. No gradient with
 // respect to the class weights (an error at backward, as before).
 
@@ -946,7 +977,8 @@ class Conv2dFunction : public torch::autograd::Function<Conv2dFunction> {
                         c10::string_view activation, std::optional<c10::string_view> variant,
                         const OptionalTensor& weight_copy) {
     const Tensor& w = weight_copy.has_value() ? *weight_copy : weight;
-    Tensor out = call_below_autograd(conv2d_op(), input, w, bias, stride, padding, dilation, groups, activation, variant);
+    Tensor out =
+        call_below_autograd(conv2d_op(), input, w, bias, stride, padding, dilation, groups, activation, variant);
     const bool relu = parse_conv2d_activation("torchext::conv2d", activation) == MatmulActivation::relu;
     save_conv2d_operands(ctx, input, weight, relu ? out : Tensor(), weight_copy);
     Conv2dOptions(stride, padding, dilation, groups, variant).save(ctx);
@@ -1137,8 +1169,8 @@ Tensor conv2d_autocast_cuda(const Tensor& input, const Tensor& weight, const Opt
     return Conv2dFunction::apply(a.input, weight, a.bias, stride, padding, dilation, groups, activation, variant,
                                  a.weight_copy);
   }
-  const Tensor w = a.weight_copy.has_value() ? *a.weight_copy
-                                             : at::autocast::cached_cast(a.dtype, weight, c10::DeviceType::CUDA);
+  const Tensor w =
+      a.weight_copy.has_value() ? *a.weight_copy : at::autocast::cached_cast(a.dtype, weight, c10::DeviceType::CUDA);
   return conv2d_op().call(a.input, w, a.bias, stride, padding, dilation, groups, activation, variant);
 }
 
@@ -1149,12 +1181,12 @@ std::tuple<Tensor, Tensor, Tensor> conv2d_stats_autocast_cuda(const Tensor& inpu
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
   const Conv2dAutocastOperands a = conv2d_autocast_operands(input, weight, bias);
   if (a.weight_copy.has_value() && needs_graph(weight)) {
-    const auto out = Conv2dStatsFunction::apply(a.input, weight, a.bias, stride, padding, dilation, groups, variant,
-                                                a.weight_copy);
+    const auto out =
+        Conv2dStatsFunction::apply(a.input, weight, a.bias, stride, padding, dilation, groups, variant, a.weight_copy);
     return {out[0], out[1], out[2]};
   }
-  const Tensor w = a.weight_copy.has_value() ? *a.weight_copy
-                                             : at::autocast::cached_cast(a.dtype, weight, c10::DeviceType::CUDA);
+  const Tensor w =
+      a.weight_copy.has_value() ? *a.weight_copy : at::autocast::cached_cast(a.dtype, weight, c10::DeviceType::CUDA);
   return conv2d_stats_op().call(a.input, w, a.bias, stride, padding, dilation, groups, variant);
 }
 
@@ -1174,6 +1206,7 @@ TORCH_LIBRARY_IMPL(torchext, Autograd, m) {
   m.impl("silu", &unary_autograd<Silu>);
   m.impl("silu_backward", &unary_backward_autograd<Silu>);
   m.impl("add", &add_autograd);
+  m.impl("fork", &fork_autograd);
   m.impl("softmax", &unary_autograd<Softmax>);
   m.impl("softmax_backward", &unary_backward_autograd<Softmax>);
   m.impl("log_softmax", &unary_autograd<LogSoftmax>);
@@ -1192,6 +1225,9 @@ TORCH_LIBRARY_IMPL(torchext, Autograd, m) {
   m.impl("conv2d_stats", &conv2d_stats_autograd);
   m.impl("conv2d_backward", &conv2d_backward_autograd);
 }
+
+// fork below autograd, on every backend (meta and fake tensors included): the views alone.
+TORCH_LIBRARY_IMPL(torchext, CompositeExplicitAutograd, m) { m.impl("fork", &fork_views); }
 
 TORCH_LIBRARY_IMPL(torchext, AutocastCUDA, m) {
   m.impl("cross_entropy", &cross_entropy_autocast_cuda);

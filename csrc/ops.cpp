@@ -34,6 +34,10 @@ TORCH_LIBRARY(torchext, m) {
   // The result takes self's layout as the activations' do; other is read in it (a copy where its strides differ).
   // Gradient: grad_output to both, so no add_backward op.
   m.def("add(Tensor self, Tensor other) -> Tensor");
+  // n aliases of self, one per user of a tensor read by several torchext layers, so that autograd hands their
+  // gradients to one node, which sums them with add (torchext.functional.fork; csrc/autograd.cpp). No kernel: every
+  // backend returns views.
+  m.def("fork(Tensor(a) self, int n) -> Tensor(a)[]");
 
   // Softmax over the last dimension (csrc/softmax_*.cpp, cuda_ops/softmax.cu).
   m.def("softmax(Tensor self) -> Tensor");

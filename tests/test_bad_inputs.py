@@ -310,6 +310,10 @@ CASES = [
     ),
     ("TF.batch_norm(img, None, None, training=True, num_batches_tracked=1)", "TypeError", ["`num_batches_tracked`"]),
     ("TF.batch_norm_add_relu(img, None, None, None, training=True)", "TypeError", ["`residual`", "NoneType"]),
+    ("TF.fork(img, 0)", "ValueError", ["`n`", "positive int"]),
+    ("TF.fork(img.requires_grad_(), 2.0)", "ValueError", ["`n`", "positive int"]),
+    ("ops.fork(None, 2)", "TypeError", ["`input`", "NoneType"]),
+    ("raw.fork(img, 0)", "ValueError", ["`n`", "at least 1"]),
     ("TF.batch_norm_add_relu(img, img[:1], None, None, training=True)", "ValueError", ["`residual`", "shape"]),
     ("TF.batch_norm_add_relu(img, img.double(), None, None, training=True)", "TypeError", ["`residual`", "dtype"]),
     (

@@ -90,6 +90,13 @@ def _add(device, dtype):
             yield f"self {a_layout}, other {b_layout} ({case})", (a, make_tensor(shape, dtype, device, b_layout)), {}
 
 
+def _fork(device, dtype):
+    # n views of self: the fake's are views of the fake self with its sizes, strides and offset.
+    for case, layout, shape in LAYOUTS_4D:
+        for n in (1, 2, 3):
+            yield f"{case}, n={n}", (make_tensor(shape, dtype, device, layout), n), {}
+
+
 def _reductions(case, *reductions):
     """The reductions to sample; for an empty input 'sum' stands in for 'mean', whose 0/0 = NaN (as torch's) opcheck
     cannot compare."""
@@ -381,6 +388,7 @@ SAMPLES = {
     **{name: _elementwise_forward(name) for name in ELEMENTWISE},
     **{f"{name}_backward": _elementwise_backward(name) for name in ELEMENTWISE},
     "add": _add,
+    "fork": _fork,
     "mse_loss": _pointwise_loss("mse_loss"),
     "mse_loss_backward": _pointwise_loss_backward("mse_loss_backward"),
     "binary_cross_entropy_with_logits": _pointwise_loss("binary_cross_entropy_with_logits"),

@@ -81,37 +81,23 @@ def add(input: Tensor, other: Tensor) -> Tensor:
     return ops.add(input, other)
 
 
-class _Fork(torch.autograd.Function):
-    """n views of x; backward sums the gradients that reach them with torchext's add."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, n: int) -> tuple[Tensor, ...]:
-        ctx.set_materialize_grads(False)  # an alias whose user gave no gradient sends None, not zeros to add
-        return tuple(x.view_as(x) for _ in range(n))
-
-    @staticmethod
-    def backward(ctx, *grads):
-        total = None
-        for g in grads:
-            if g is not None:
-                total = g if total is None else ops.add(total, g)
-        return total, None
-
-
 def fork(input: Tensor, n: int) -> tuple[Tensor, ...]:
     """``n`` aliases of ``input``, one for each of its ``n`` users, so that autograd hands their gradients to one node
     that adds them with ``add`` (torchext's kernel), where it would otherwise sum them itself with ATen's add (the same
     a + b: two gradients give the same bits). Where ``input`` does not require grad, or grad mode is off, there is
-    nothing to sum: the aliases are ``input`` itself. The aliases are views made in a custom autograd Function:
-    writing into one in place raises, so give them only to users that do not (torchext's modules and ops never do).
-    swap_modules' torch.fx pass inserts it at the tensors that feed several torchext modules (torchext/fusion.py)."""
+    nothing to sum: the aliases are ``input`` itself. The aliases are views made by the op ``torchext::fork`` (its
+    autograd node is C++, csrc/autograd.cpp): writing into one in place raises, so give them only to users that do not
+    (torchext's modules and ops never do). swap_modules' torch.fx pass inserts it at the tensors that feed several
+    torchext modules (torchext/fusion.py)."""
     if has_torch_function_unary(input):  # an fx Proxy: a GraphModule re-traced when it is unpickled records the call
         return handle_torch_function(fork, (input,), input, n)
     if not isinstance(input, Tensor):
         raise not_a_tensor("fork", "input", input)
+    if type(n) is not int or n < 1:
+        raise ValueError(f"torchext fork(): `n` must be a positive int, got {n!r}")
     if not (input.requires_grad and torch.is_grad_enabled()):
         return (input,) * n
-    return _Fork.apply(input, n)
+    return ops.fork(input, n)
 
 
 def _softmax_like(op, name: str, input: Tensor, dim: Optional[int], dtype: Optional[torch.dtype]) -> Tensor:

@@ -1,7 +1,7 @@
 """Typed wrappers over torch.ops.torchext.*, one module per op family. Importing this package registers every op's
 fake kernel and the autograd and autocast rules written in Python (the rest are C++: csrc/autograd.cpp)."""
 
-from .activations import add, gelu, leaky_relu, relu, sigmoid, silu, tanh
+from .activations import add, fork, gelu, leaky_relu, relu, sigmoid, silu, tanh
 from .batch_norm import batch_norm, batch_norm_add_relu, batch_norm_relu
 from .conv2d import conv2d, conv2d_stats
 from .cross_entropy import check_targets, cross_entropy
@@ -19,6 +19,7 @@ __all__ = [
     "gelu",
     "silu",
     "add",
+    "fork",
     "softmax",
     "log_softmax",
     "cross_entropy",

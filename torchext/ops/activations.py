@@ -74,6 +74,15 @@ def add(input: Tensor, other: Tensor) -> Tensor:
     return _ops.add.default(input, other)
 
 
+def fork(input: Tensor, n: int) -> tuple:
+    """n aliases (views) of input whose gradients one autograd node sums with add (torchext.functional.fork)."""
+    if not isinstance(input, Tensor):
+        raise not_a_tensor("fork", "input", input)
+    if type(n) is not int or n < 1:
+        raise ValueError(f"torchext fork(): `n` must be a positive int, got {n!r}")
+    return tuple(_ops.fork.default(input, n))
+
+
 # Fake kernels: shape, dtype and layout of the results, for torch.compile and meta tensors (the layout rule above).
 for _name in ("relu", "sigmoid", "tanh", "silu"):
     torch.library.register_fake(f"torchext::{_name}", lambda self: empty_like_dense(self))
