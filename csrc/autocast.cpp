@@ -48,7 +48,7 @@ using Conv2d = Tensor(const Tensor&, const Tensor&, const OptionalTensor&, at::I
 using Conv2dStats = Tensor3(const Tensor&, const Tensor&, const OptionalTensor&, at::IntArrayRef, at::IntArrayRef,
                             at::IntArrayRef, int64_t, Variant);
 using Conv2dBackward = Tensor3(const Tensor&, const Tensor&, const Tensor&, at::IntArrayRef, at::IntArrayRef,
-                               at::IntArrayRef, int64_t, std::array<bool, 3>, Variant);
+                               at::IntArrayRef, int64_t, std::array<bool, 3>, Variant, std::optional<at::ScalarType>);
 
 constexpr auto kCPU = c10::DeviceType::CPU;
 constexpr auto kCUDA = c10::DeviceType::CUDA;

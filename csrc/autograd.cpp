@@ -860,7 +860,8 @@ using Conv2dStatsSignature = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, c
 using Conv2dBackwardSignature = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
                                                                    at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
                                                                    int64_t, std::array<bool, 3>,
-                                                                   std::optional<c10::string_view>);
+                                                                   std::optional<c10::string_view>,
+                                                                   std::optional<at::ScalarType>);
 
 const c10::TypedOperatorHandle<Conv2dSignature>& conv2d_op() {
   static const auto op = find_op<Conv2dSignature>("torchext::conv2d");
@@ -911,9 +912,10 @@ struct Conv2dOptions {
   }
 
   std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& grad_output, const Tensor& input, const Tensor& weight,
-                                              std::array<bool, 3> mask) const {
+                                              std::array<bool, 3> mask,
+                                              std::optional<at::ScalarType> grad_weight_dtype = std::nullopt) const {
     return conv2d_backward_op().call(grad_output, input, weight, stride, padding, dilation, groups, mask,
-                                     variant_view());
+                                     variant_view(), grad_weight_dtype);
   }
 };
 
@@ -959,11 +961,14 @@ variable_list conv2d_input_grads(AutogradContext* ctx, const Tensor& grad_z, siz
                 "forward's value, but a second derivative needs the weight itself. Differentiate before the step.");
     weight = w.to(weight.scalar_type());  // the same bits, differentiable
   }
-  auto [grad_input, grad_weight, grad_bias] = Conv2dOptions::load(ctx).backward(grad_z, saved[0], weight, mask);
+  // With a copy, the weight's gradient comes in the float32 weight's dtype straight from the kernel's float sums.
+  const std::optional<at::ScalarType> gw_dtype =
+      master != ctx->saved_data.end() ? std::optional(master->second.toTensor().scalar_type()) : std::nullopt;
+  auto [grad_input, grad_weight, grad_bias] =
+      Conv2dOptions::load(ctx).backward(grad_z, saved[0], weight, mask, gw_dtype);
   if (mask[0] && ctx->saved_data.count("grad_input_channels_last") > 0) {
     grad_input = grad_input.contiguous(at::MemoryFormat::ChannelsLast);  // the placeholder input suggested NCHW
   }
-  if (mask[1] && master != ctx->saved_data.end()) grad_weight = grad_weight.to(master->second.toTensor().scalar_type());
   if (mask[0]) result[0] = grad_input;
   if (mask[1]) result[1] = grad_weight;
   if (mask[2]) result[2] = grad_bias;
@@ -1050,9 +1055,11 @@ class Conv2dBackwardFunction : public torch::autograd::Function<Conv2dBackwardFu
   static variable_list forward(AutogradContext* ctx, const Tensor& grad_output, const Tensor& input,
                                const Tensor& weight, at::IntArrayRef stride, at::IntArrayRef padding,
                                at::IntArrayRef dilation, int64_t groups, std::array<bool, 3> mask,
-                               std::optional<c10::string_view> variant) {
-    auto [grad_input, grad_weight, grad_bias] = call_below_autograd(conv2d_backward_op(), grad_output, input, weight,
-                                                                    stride, padding, dilation, groups, mask, variant);
+                               std::optional<c10::string_view> variant,
+                               std::optional<at::ScalarType> grad_weight_dtype) {
+    auto [grad_input, grad_weight, grad_bias] =
+        call_below_autograd(conv2d_backward_op(), grad_output, input, weight, stride, padding, dilation, groups, mask,
+                            variant, grad_weight_dtype);
     ctx->set_materialize_grads(false);
     // grad_output for the input's and weight's derivatives, input and weight for grad_output's.
     const bool go_needed = grad_output.requires_grad();
@@ -1066,12 +1073,15 @@ class Conv2dBackwardFunction : public torch::autograd::Function<Conv2dBackwardFu
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list result(9);
+    variable_list result(10);
     const auto saved = ctx->get_saved_variables();
     const Tensor &go = saved[0], &input = saved[1], &weight = saved[2];
-    // Gradients reaching the empty results of entries output_mask left out are ignored.
+    // Gradients reaching the empty results of entries output_mask left out are ignored. grad_weight's may be float32
+    // (grad_weight_dtype): the convolutions below take it in grad_output's dtype.
     const int64_t mask = ctx->saved_data["mask"].toInt();
-    const Tensor ggi = mask & 1 ? grads[0] : Tensor(), ggw = mask & 2 ? grads[1] : Tensor();
+    const Tensor ggi = mask & 1 ? grads[0] : Tensor();
+    Tensor ggw = mask & 2 ? grads[1] : Tensor();
+    if (ggw.defined() && ggw.scalar_type() != go.scalar_type()) ggw = ggw.to(go.scalar_type());
     const Tensor ggb = mask & 4 ? grads[2] : Tensor();
     const Conv2dOptions options = Conv2dOptions::load(ctx);
     if (ctx->needs_input_grad(0)) {
@@ -1099,13 +1109,14 @@ std::tuple<Tensor, Tensor, Tensor> conv2d_backward_autograd(const Tensor& grad_o
                                                             const Tensor& weight, at::IntArrayRef stride,
                                                             at::IntArrayRef padding, at::IntArrayRef dilation,
                                                             int64_t groups, std::array<bool, 3> mask,
-                                                            std::optional<c10::string_view> variant) {
+                                                            std::optional<c10::string_view> variant,
+                                                            std::optional<at::ScalarType> grad_weight_dtype) {
   if (!needs_graph(grad_output, input, weight)) {
     return call_below_autograd(conv2d_backward_op(), grad_output, input, weight, stride, padding, dilation, groups,
-                               mask, variant);
+                               mask, variant, grad_weight_dtype);
   }
-  const auto out =
-      Conv2dBackwardFunction::apply(grad_output, input, weight, stride, padding, dilation, groups, mask, variant);
+  const auto out = Conv2dBackwardFunction::apply(grad_output, input, weight, stride, padding, dilation, groups, mask,
+                                                 variant, grad_weight_dtype);
   return {out[0], out[1], out[2]};
 }
 
@@ -1140,9 +1151,15 @@ std::tuple<Tensor, Tensor> linear_autocast_cuda(const Tensor& input, const Tenso
 // Function is applied here with the weight itself as its input (so its node returns the weight's gradient, in
 // float32) and the copy to compute with. That skips only the Tracer key between autocast and autograd, and
 // autocast_copies::fresh refuses under tracing. Without a graph to record, the op runs on the copy.
+//
+// A float32 weight without a copy, in the same plain eager calls that may use one, is cast here outside autograd and
+// handed to the Function the same way: its node returns the float32 gradient straight from the kernel's float sums
+// (conv2d_backward's grad_weight_dtype), where autocast's cast node would have rounded it through the autocast dtype
+// and cast it back (one more node and one more kernel per convolution and step). Training is then the same bits with
+// copies and without. Elsewhere (tracing, torch.compile, fake tensors, ...) the weight goes through cached_cast.
 
-// The operands in the autocast dtype: input and bias cast (cached_cast), and the weight's fresh copy if it has one
-// and the call can use it (else the weight is cast by the caller).
+// The operands in the autocast dtype: input and bias cast (cached_cast), and the weight's computing form where the call
+// can take it: its fresh copy, or its cast made here (else the weight is cast by the caller).
 struct Conv2dAutocastOperands {
   at::ScalarType dtype;
   Tensor input;
@@ -1157,6 +1174,11 @@ Conv2dAutocastOperands conv2d_autocast_operands(const Tensor& input, const Tenso
   a.bias = at::autocast::cached_cast(a.dtype, bias, cuda);
   a.weight_copy = autocast_copies::fresh(weight, a.dtype);  // nullopt at once while there are no copies
   if (a.weight_copy.has_value() && !autocast_copies::plain(a.input)) a.weight_copy.reset();
+  if (!a.weight_copy.has_value() && weight.defined() && weight.scalar_type() == at::kFloat && needs_graph(weight) &&
+      autocast_copies::plain(weight) && autocast_copies::plain(a.input)) {
+    at::AutoGradMode no_grad(false);
+    a.weight_copy = weight.to(a.dtype);
+  }
   return a;
 }
 

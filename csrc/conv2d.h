@@ -127,6 +127,18 @@ inline Conv2dParams check_conv2d_backward_args(std::string_view op, const at::Te
   return p;
 }
 
+// conv2d_backward's grad_weight dtype: the weight's (None), or float32 for a float16 / bfloat16 weight (the float32
+// master weight's gradient under autocast, from the float sums without rounding to the weight's dtype).
+inline at::ScalarType check_grad_weight_dtype(std::string_view op, const at::Tensor& weight,
+                                              std::optional<at::ScalarType> grad_weight_dtype) {
+  const at::ScalarType w = weight.scalar_type();
+  if (!grad_weight_dtype.has_value() || *grad_weight_dtype == w) return w;
+  TORCH_CHECK_TYPE(*grad_weight_dtype == at::kFloat && (w == at::kHalf || w == at::kBFloat16), op,
+                   ": `grad_weight_dtype` must be the weight's dtype (", w, ")",
+                   w == at::kHalf || w == at::kBFloat16 ? " or float32" : "", ", got ", *grad_weight_dtype);
+  return *grad_weight_dtype;
+}
+
 // The engine's shape struct for these tensors.
 inline cuda_ops::Conv2dShape conv2d_shape(const at::Tensor& input, const at::Tensor& weight, const Conv2dParams& p) {
   cuda_ops::Conv2dShape s;

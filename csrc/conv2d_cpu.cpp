@@ -408,14 +408,14 @@ void backward_impl(const T* dy, const at::Tensor& input, const at::Tensor& w, co
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> conv2d_backward_cpu(const at::Tensor& grad_output,
-                                                                   const at::Tensor& input, const at::Tensor& weight,
-                                                                   at::IntArrayRef stride, at::IntArrayRef padding,
-                                                                   at::IntArrayRef dilation, int64_t groups,
-                                                                   std::array<bool, 3> output_mask,
-                                                                   std::optional<c10::string_view> variant) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> conv2d_backward_cpu(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
+    at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, std::array<bool, 3> output_mask,
+    std::optional<c10::string_view> variant, std::optional<at::ScalarType> grad_weight_dtype) {
   constexpr const char* op = "torchext::conv2d_backward";
   const Conv2dParams p = check_conv2d_backward_args(op, grad_output, input, weight, stride, padding, dilation, groups);
+  // float32 and float64 only here, so grad_weight_dtype can only name the weight's own dtype.
+  check_grad_weight_dtype(op, weight, grad_weight_dtype);
   check_cpu_variant(op, variant);
   const Conv2dShape sh = conv2d_shape(input, weight, p);
   const Dims d(sh);

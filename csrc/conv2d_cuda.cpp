@@ -153,11 +153,14 @@ cuda_ops::Conv2dArgs<cuda_t<scalar_t>> make_args(const Launch& l, const at::Tens
 
 // Picks the version and conversion level for `pass` (see the top of the file), fills the read stand-ins, runs it,
 // and copies a written stand-in into the caller's tensor. x, w, y are the caller's tensors in the roles of
-// conv2d_args.h; the written one is already allocated in its final layout.
+// conv2d_args.h; the written one is already allocated in its final layout. `w_acc` (backward_weight): w is a float
+// tensor for a half / bfloat16 pass, written through Conv2dArgs::w_acc, as the tensors are (level 0) and by a version
+// that takes it; where none does, nothing runs and the result is false (the caller computes in the input's dtype).
 template <typename scalar_t>
-void run_pass(std::string_view op, Conv2dPass pass, std::optional<Conv2dKernel> variant, const at::Tensor& x,
+bool run_pass(std::string_view op, Conv2dPass pass, std::optional<Conv2dKernel> variant, const at::Tensor& x,
               const at::Tensor& w, const at::Tensor& y, const cuda_ops::Conv2dShape& shape, const at::Tensor& bias,
-              MatmulActivation act, StatsOut* stats) {
+              MatmulActivation act, StatsOut* stats, bool w_acc = false) {
+  using A = cuda_ops::acc_t<cuda_t<scalar_t>>;
   const bool wx = pass == Conv2dPass::backward_input, ww = pass == Conv2dPass::backward_weight,
              wy = pass == Conv2dPass::forward;
   const at::Tensor& written = wx ? x : ww ? w : y;
@@ -165,15 +168,21 @@ void run_pass(std::string_view op, Conv2dPass pass, std::optional<Conv2dKernel> 
   // can be padded.
   std::vector<int> levels{0};
   const bool reads_not_cl = (!wx && !channels_last(x)) || (!ww && !channels_last(w)) || (!wy && !channels_last(y));
-  if (reads_not_cl) levels.push_back(1);
-  if (!channels_last(written)) levels.push_back(2);
-  if (shape.groups == 1 && shape.c > 0 && shape.c % 8 != 0) levels.push_back(3);
+  if (!w_acc) {
+    if (reads_not_cl) levels.push_back(1);
+    if (!channels_last(written)) levels.push_back(2);
+    if (shape.groups == 1 && shape.c > 0 && shape.c % 8 != 0) levels.push_back(3);
+  }
+  const auto with_acc = [&](cuda_ops::Conv2dArgs<cuda_t<scalar_t>> a) {
+    if (w_acc) a.w_acc = static_cast<A*>(w.data_ptr());
+    return a;
+  };
 
   std::optional<Launch> chosen;
   const char* why = nullptr;
   for (int level : levels) {
     Launch l = make_level(level, x, w, y, wx, ww, wy, shape);
-    const auto args = make_args<scalar_t>(l, bias, act, stats);
+    const auto args = with_acc(make_args<scalar_t>(l, bias, act, stats));
     if (variant.has_value()) {
       if (cuda_ops::conv2d_supported(*variant, pass, args, &why)) {
         l.kernel = *variant;
@@ -185,6 +194,11 @@ void run_pass(std::string_view op, Conv2dPass pass, std::optional<Conv2dKernel> 
       if (!chosen.has_value() || l.kernel > chosen->kernel) chosen = l;
       if (l.kernel >= Conv2dKernel::implicit_simt) break;  // an implicit-GEMM version
     }
+  }
+  if (w_acc && (!chosen.has_value() ||
+                !cuda_ops::conv2d_supported(chosen->kernel, pass,
+                                            with_acc(make_args<scalar_t>(*chosen, bias, act, stats)), nullptr))) {
+    return false;
   }
   TORCH_CHECK_VALUE(chosen.has_value(), op, ": variant '", cuda_ops::conv2d_kernel_name(*variant),
                     "' does not support these arguments (", cuda_ops::conv2d_pass_name(pass), "): ",
@@ -200,7 +214,7 @@ void run_pass(std::string_view op, Conv2dPass pass, std::optional<Conv2dKernel> 
       o->seen.copy_(o->orig);
     }
   }
-  const auto args = make_args<scalar_t>(l, bias, act, stats);
+  const auto args = with_acc(make_args<scalar_t>(l, bias, act, stats));
   const size_t ws_bytes = cuda_ops::conv2d_workspace_bytes(l.kernel, pass, args);
   at::Tensor workspace;
   if (ws_bytes > 0) workspace = at::empty({static_cast<int64_t>(ws_bytes)}, x.options().dtype(at::kByte));
@@ -211,6 +225,7 @@ void run_pass(std::string_view op, Conv2dPass pass, std::optional<Conv2dKernel> 
     at::Tensor dst = out.orig;
     dst.copy_(out.padded || out.seen.size(1) != dst.size(1) ? out.seen.narrow(1, 0, dst.size(1)) : out.seen);
   }
+  return true;
 }
 
 // The statistics of an output computed without a kernel (C == 0: y = act(bias)), or over no element.
@@ -278,15 +293,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv2d_stats_cuda(const at::Tenso
   return {y, stats.sum, stats.sum_sq};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> conv2d_backward_cuda(const at::Tensor& grad_output,
-                                                                    const at::Tensor& input, const at::Tensor& weight,
-                                                                    at::IntArrayRef stride, at::IntArrayRef padding,
-                                                                    at::IntArrayRef dilation, int64_t groups,
-                                                                    std::array<bool, 3> output_mask,
-                                                                    std::optional<c10::string_view> variant_name) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> conv2d_backward_cuda(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
+    at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, std::array<bool, 3> output_mask,
+    std::optional<c10::string_view> variant_name, std::optional<at::ScalarType> grad_weight_dtype) {
   constexpr const char* op = "torchext::conv2d_backward";
   const Conv2dParams params =
       check_conv2d_backward_args(op, grad_output, input, weight, stride, padding, dilation, groups);
+  const at::ScalarType gw_dtype = check_grad_weight_dtype(op, weight, grad_weight_dtype);
   const std::optional<Conv2dKernel> variant = parse_variant(op, variant_name);
   c10::cuda::CUDAGuard guard(input.device());
   const cuda_ops::Conv2dShape shape = conv2d_shape(input, weight, params);
@@ -310,13 +324,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv2d_backward_cuda(const at::Te
   }
   if (output_mask[1]) {
     const at::MemoryFormat wf = conv2d_memory_format(weight);  // csrc/conv2d.h's rule, for grad_weight
-    grad_weight = at::empty(weight.sizes(), opts.memory_format(wf));
+    grad_weight = at::empty(weight.sizes(), opts.dtype(gw_dtype).memory_format(wf));
     if (grad_weight.numel() > 0 && shape.n == 0) {
       grad_weight.zero_();
     } else if (grad_weight.numel() > 0) {
+      // A float32 gradient for a half / bfloat16 weight: written from the kernel's float sums where a version takes
+      // it (implicit_mma, implicit_tma), else computed in the weight's dtype and cast.
+      const bool wide = gw_dtype != weight.scalar_type();
       TORCHEXT_DISPATCH_CUDA_FLOATING(input.scalar_type(), "torchext_conv2d_backward_cuda", [&] {
-        run_pass<scalar_t>(op, Conv2dPass::backward_weight, variant, input, grad_weight, grad_output, shape,
-                           at::Tensor(), MatmulActivation::none, nullptr);
+        if (wide && run_pass<scalar_t>(op, Conv2dPass::backward_weight, variant, input, grad_weight, grad_output, shape,
+                                       at::Tensor(), MatmulActivation::none, nullptr, /*w_acc=*/true)) {
+          return;
+        }
+        at::Tensor dw = wide ? at::empty(weight.sizes(), opts.memory_format(wf)) : grad_weight;
+        run_pass<scalar_t>(op, Conv2dPass::backward_weight, variant, input, dw, grad_output, shape, at::Tensor(),
+                           MatmulActivation::none, nullptr);
+        if (wide) grad_weight.copy_(dw);
       });
     }
   }

@@ -107,8 +107,8 @@ TORCH_LIBRARY(torchext, m) {
   // output_mask entry is false comes back as an empty tensor. The layouts follow csrc/conv2d.h's rule.
   m.def(
       "conv2d_backward(Tensor grad_output, Tensor input, Tensor weight, int[2] stride, int[2] padding, "
-      "int[2] dilation, int groups, bool[3] output_mask, str? variant=None) -> (Tensor grad_input, Tensor grad_weight, "
-      "Tensor grad_bias)");
+      "int[2] dilation, int groups, bool[3] output_mask, str? variant=None, ScalarType? grad_weight_dtype=None) -> "
+      "(Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
 
   // Batch normalization, nn.BatchNorm2d's semantics (csrc/batch_norm_*.cpp; checks, dtypes, the layout rule and the
   // relu mask's format in csrc/batch_norm.h; the CUDA ladder is cuda_ops/batch_norm*.cu). input (N, C, ...); weight,

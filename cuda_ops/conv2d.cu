@@ -245,6 +245,12 @@ Conv2dArgs<T> without_stats(const Conv2dArgs<T>& args) {
 
 template <typename T>
 bool conv2d_supported(Conv2dKernel kernel, Conv2dPass pass, const Conv2dArgs<T>& args, const char** why) {
+  if (args.w_acc != nullptr && (pass != Conv2dPass::backward_weight ||
+                                (kernel != Conv2dKernel::implicit_mma && kernel != Conv2dKernel::implicit_wgmma &&
+                                 kernel != Conv2dKernel::implicit_tma))) {
+    if (why != nullptr) *why = "w_acc (a float weight gradient) is written by implicit_mma and implicit_tma only";
+    return false;
+  }
   switch (kernel) {
     case Conv2dKernel::direct:
       return conv2d_direct_supported(pass, without_stats(args), why);

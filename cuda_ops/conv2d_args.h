@@ -75,6 +75,10 @@ struct Conv2dArgsT {
   A* stats = nullptr;
   A* stats_sq = nullptr;
   bool allow_tf32 = false;  // float only: tensor-core versions may round x and w (or y) to tf32
+  // backward_weight only: when not nullptr, dw is written here in A (float for half and bfloat16), at w's element
+  // strides, straight from the float sums (not rounded to T); w.data is then not written. Only implicit_mma and
+  // implicit_tma take it (conv2d_supported says no for the others): autocast's float32 master weights' gradient.
+  A* w_acc = nullptr;
 };
 
 // Where the sums of squares of `stats` go: stats_sq, or the k values after the sums.

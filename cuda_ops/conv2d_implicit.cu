@@ -330,6 +330,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) conv2d_wgrad_k
     const float v = cs[r * Cfg::kCLd + idx % BN];
     if (p.partial != nullptr) {
       p.partial[(static_cast<int64_t>(blockIdx.z) * p.m + bm0 + r) * p.n + j] = v;
+    } else if (p.dw_acc != nullptr) {
+      p.dw_acc[(bm0 + r) * p.dw_lead + j] = v;
     } else {
       p.dw[(bm0 + r) * p.dw_lead + j] = static_cast<T>(v);
     }
@@ -413,8 +415,12 @@ cudaError_t launch_wgrad(WgradParams<T> p, int splits, cudaStream_t stream) {
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.partial == nullptr) return err;
-  conv2d_wgrad_reduce_kernel<T><<<grid_for(static_cast<int64_t>(p.m) * p.n, 256), 256, 0, stream>>>(
-      p.partial, splits, p.m, p.n, p.dw, p.dw_lead);
+  const dim3 grid_r = grid_for(static_cast<int64_t>(p.m) * p.n, 256);
+  if (p.dw_acc != nullptr) {
+    conv2d_wgrad_reduce_kernel<float><<<grid_r, 256, 0, stream>>>(p.partial, splits, p.m, p.n, p.dw_acc, p.dw_lead);
+  } else {
+    conv2d_wgrad_reduce_kernel<T><<<grid_r, 256, 0, stream>>>(p.partial, splits, p.m, p.n, p.dw, p.dw_lead);
+  }
   return cudaGetLastError();
 }
 
@@ -430,6 +436,7 @@ cudaError_t backward_weight(const Conv2dArgs<T>& a, cudaStream_t stream, void* w
   p.dy = a.y.data;
   p.dy_lead = sh.k;
   p.dw = a.w.data;
+  p.dw_acc = a.w_acc;
   p.dw_lead = a.w.sn;
   const int splits = p.k == 0 ? 1 : static_cast<int>(wgrad_splits_for<T>(sh));
   p.partial = splits > 1 ? static_cast<float*>(workspace) : nullptr;

@@ -81,7 +81,8 @@ struct WgradParams {
   Gather<T> g;
   const T* dy = nullptr;  // pixel kk's channels at dy + kk dy_lead
   int64_t dy_lead = 0;
-  T* dw = nullptr;  // one split: element (i, j) at dw + i dw_lead + j
+  T* dw = nullptr;          // one split: element (i, j) at dw + i dw_lead + j
+  float* dw_acc = nullptr;  // or there, in float (Conv2dArgs::w_acc)
   int64_t dw_lead = 0;
   float* partial = nullptr;  // several splits: [split][m][n]
 };
@@ -97,15 +98,15 @@ __global__ void conv2d_stats_reduce_kernel(const float* partial, int tiles, int 
   if (threadIdx.x == 0) (blockIdx.y == 0 ? sums : squares)[blockIdx.x] = sum;
 }
 
-// dw[i, j] = the splits' partial sums of (i, j), added in split order.
-template <typename T>
-__global__ void conv2d_wgrad_reduce_kernel(const float* partial, int splits, int m, int n, T* dw, int64_t dw_lead) {
+// dw[i, j] = the splits' partial sums of (i, j), added in split order; O is the weight's type or float (w_acc).
+template <typename O>
+__global__ void conv2d_wgrad_reduce_kernel(const float* partial, int splits, int m, int n, O* dw, int64_t dw_lead) {
   const int64_t total = static_cast<int64_t>(m) * n;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float sum = 0.f;
     for (int z = 0; z < splits; ++z) sum += partial[z * total + e];
-    dw[(e / n) * dw_lead + e % n] = static_cast<T>(sum);
+    dw[(e / n) * dw_lead + e % n] = static_cast<O>(sum);
   }
 }
 

@@ -71,7 +71,8 @@ struct WgradTmaPlan {
 template <typename T>
 struct WgradTmaParams {
   WgradTmaPlan plan;
-  T* dw = nullptr;  // one slot: element (i, j) at dw + i dw_lead + j
+  T* dw = nullptr;          // one slot: element (i, j) at dw + i dw_lead + j
+  float* dw_acc = nullptr;  // or there, in float (Conv2dArgs::w_acc)
   int64_t dw_lead = 0;
   float* partial = nullptr;  // several slots: [slot][k][n]
 };
@@ -231,7 +232,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int row = row0 + 8 * h;
             if (row >= pl.k) continue;
             const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
-            if (p.partial == nullptr) {
+            if (p.partial == nullptr && p.dw_acc != nullptr) {
+              *reinterpret_cast<float2*>(p.dw_acc + row * p.dw_lead + col) = make_float2(v0, v1);
+            } else if (p.partial == nullptr) {
               *reinterpret_cast<Vec<T, 2>*>(p.dw + row * p.dw_lead + col) =
                   Vec<T, 2>{{static_cast<T>(v0), static_cast<T>(v1)}};
             } else {
@@ -321,14 +324,16 @@ bool plan_wgrad(const Conv2dShape& sh, int sms, WgradTmaPlan& pl) {
   return true;
 }
 
-// x and dy readable as TMA boxes; dw's rows writable as pairs (the epilogue's 4-byte stores of one slot).
+// x and dy readable as TMA boxes; dw's rows writable as pairs (the epilogue's 4-byte stores of one slot, 8-byte into
+// w_acc).
 template <typename T>
 bool tma_wgrad_layouts_ok(const Conv2dArgs<T>& a) {
   const Conv2dShape& sh = a.shape;
   cuuint64_t strides[3];
+  const bool dw_ok = a.w_acc != nullptr ? aligned_to(a.w_acc, 2 * sizeof(float)) : aligned_to(a.w.data, 2 * sizeof(T));
   return tma_strides<T>(sh.c, sh.w, sh.h, sh.n, a.x.sw, a.x.sh, a.x.sn, strides) &&
          tma_strides<T>(sh.k, sh.q, sh.p, sh.n, a.y.sw, a.y.sh, a.y.sn, strides) && (a.w.sn % 2 == 0 || sh.k <= 1) &&
-         aligned_to(a.w.data, 2 * sizeof(T));
+         dw_ok;
 }
 
 // The input rows the convolution reads: the last valid output row's last tap, plus one. x's map ends there, so a
@@ -350,8 +355,12 @@ cudaError_t launch_wgrad_tma(const WgradTmaParams<T>& p, const CUtensorMap (&map
   kernel<<<grid, kThreads, smem, stream>>>(p, maps[0], maps[1]);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.partial == nullptr) return err;
-  conv2d_wgrad_reduce_kernel<T><<<grid_for(static_cast<int64_t>(pl.k) * pl.n, 256), 256, 0, stream>>>(
-      p.partial, pl.slots, pl.k, pl.n, p.dw, p.dw_lead);
+  const unsigned grid_r = grid_for(static_cast<int64_t>(pl.k) * pl.n, 256);
+  if (p.dw_acc != nullptr) {
+    conv2d_wgrad_reduce_kernel<float><<<grid_r, 256, 0, stream>>>(p.partial, pl.slots, pl.k, pl.n, p.dw_acc, p.dw_lead);
+  } else {
+    conv2d_wgrad_reduce_kernel<T><<<grid_r, 256, 0, stream>>>(p.partial, pl.slots, pl.k, pl.n, p.dw, p.dw_lead);
+  }
   return cudaGetLastError();
 }
 
@@ -391,12 +400,14 @@ cudaError_t conv2d_tma_wgrad(const Conv2dArgs<T>& a, cudaStream_t stream, void* 
     const Conv2dShape& sh = a.shape;
     if (sh.k * sh.c * sh.r * sh.s == 0) return cudaSuccess;
     if (sh.n * sh.p * sh.q == 0) {  // no pixels: dw = 0 (KRSC, rows of R S C values dw_lead apart)
-      const size_t row = sh.r * sh.s * sh.c * sizeof(T);
-      return cudaMemset2DAsync(a.w.data, sh.k > 1 ? a.w.sn * sizeof(T) : row, 0, row, sh.k, stream);
+      const size_t elem = a.w_acc != nullptr ? sizeof(float) : sizeof(T), row = sh.r * sh.s * sh.c * elem;
+      void* dw = a.w_acc != nullptr ? static_cast<void*>(a.w_acc) : static_cast<void*>(a.w.data);
+      return cudaMemset2DAsync(dw, sh.k > 1 ? a.w.sn * elem : row, 0, row, sh.k, stream);
     }
     WgradTmaParams<T> p;
     if (!plan_wgrad(sh, sm_count(), p.plan) || !tma_wgrad_layouts_ok(a)) return cudaErrorNotSupported;
     p.dw = a.w.data;
+    p.dw_acc = a.w_acc;
     p.dw_lead = a.w.sn;
     p.partial = p.plan.slots > 1 ? static_cast<float*>(workspace) : nullptr;
     CUtensorMap maps[2];

@@ -99,8 +99,8 @@ def _weight_casts(model, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_training_with_copies_gives_the_casts_bits(dtype):
     """Six steps with copies and six with autocast's casts: the same losses and parameters, bit for bit; and from the
-    second step on, the forward reads the copies (no weight cast in the forward; the backward's cast of the gradient
-    back to float32 stays)."""
+    second step on, the forward reads the copies (no weight cast in the forward). With or without copies the weights'
+    gradients come in float32 from the convolution's own node (no cast back)."""
     a, oa, b, ob = _pair(dtype)
     for step in range(6):
         la, lb = _train_step(a, oa, step, dtype), _train_step(b, ob, step, dtype)
@@ -108,9 +108,8 @@ def test_training_with_copies_gives_the_casts_bits(dtype):
     for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb), name
     assert pa.dtype == torch.float32
-    # Casts of conv weights in one forward + backward: with copies only the gradients' (2 convolutions), with
-    # autocast's casts also the weights' (2 more).
-    assert _weight_casts(a, dtype) == _weight_casts(b, dtype) - 2, (_weight_casts(a, dtype), _weight_casts(b, dtype))
+    # Casts of conv weights in one forward + backward: none with copies; without, the weights' (2 convolutions).
+    assert (_weight_casts(a, dtype), _weight_casts(b, dtype)) == (0, 2)
 
 
 @gpu
@@ -235,6 +234,31 @@ def test_compiled_model_casts_as_usual():
     compiled = torch.compile(a, backend="aot_eager", fullgraph=True)
     with torch.autocast("cuda", dtype=dtype):
         assert torch.equal(compiled(x), b(x))
+
+
+@gpu
+def test_weight_gradients_come_from_the_float_sums(dtype=torch.bfloat16):
+    """Under CUDA autocast a float32 weight's gradient is the kernel's float32 sums, not those rounded to the autocast
+    dtype and cast back (autocast's cast node): for conv2 (implicit GEMM) it differs from the rounded gradient, which
+    it rounds to; conv1 (3 input channels: the cast path of conv2d_backward) gives the rounded one. With copies and
+    without alike."""
+    a, oa, b, ob = _pair(dtype)
+    for model, opt in ((a, oa), (b, ob)):
+        _train_step(model, opt, 0, dtype)  # model a now reads copies, b casts
+    x, y = _batch(5)
+    for model in (a, b):
+        with torch.autocast("cuda", dtype=dtype):
+            out = model.conv1(x)
+            out2, _, _ = model.conv2(torch.relu(out))
+        go = torch.randn_like(out2)
+        gw1, gw2 = torch.autograd.grad(out2, (model.conv1.weight, model.conv2.weight), go)
+        assert gw1.dtype == gw2.dtype == torch.float32
+        ops = torch.ops.torchext
+        x2 = torch.relu(out).detach()
+        w2 = model.conv2.weight.detach().to(dtype)
+        rounded = ops.conv2d_backward(go.to(dtype), x2, w2, [1, 1], [1, 1], [1, 1], 1, [False, True, False])[1]
+        assert torch.equal(gw2.to(dtype), rounded) and not torch.equal(gw2, rounded.float())
+        assert torch.equal(gw1, gw1.to(dtype).float())
 
 
 @gpu

@@ -249,6 +249,12 @@ CASES = [
         "TypeError",
         ["`grad_output`", "dtype"],
     ),
+    (
+        "raw.conv2d_backward(torch.randn(2, 6, 3, 5), img, cw, [1, 1], [0, 0], [1, 1], 1, [True] * 3, None, "
+        "torch.float64)",
+        "TypeError",
+        ["`grad_weight_dtype`", "Double"],
+    ),
     # --- batch_norm, batch_norm_relu, batch_norm_add_relu, batch_norm_backward
     ("TF.batch_norm(None, None, None, training=True)", "TypeError", ["`input`", "NoneType"]),
     ("TF.batch_norm(img, [0.0] * 4, None)", "TypeError", ["`running_mean`", "list"]),

@@ -439,6 +439,45 @@ def test_conv2d_grad_weight_ignores_unread_rows(variant):
     assert (gw - ref_bf16).abs().max() <= 2e-2 * ref_bf16.abs().max(), f"[{variant}] grad_weight differs"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=_name)
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+def test_conv2d_grad_weight_in_float32(variant, dtype):
+    """grad_weight_dtype=float32 for a half weight (autocast's float32 master weights): a float32, channels-last
+    gradient that, rounded to the weight's dtype, is the same bits as the half-precision result (the same sums), and
+    no farther from the float64 reference. implicit_mma and implicit_tma write it from their float sums (w_acc, one
+    split and several; at least one shape must come out unrounded), the others compute in the weight's dtype and cast.
+    Poisoned outputs; NCHW tensors take the cast path; an empty batch gives zeros."""
+    op = torch.ops.torchext
+    unrounded = 0
+    shapes = [SHAPES[2], SHAPES[6], RESNET_SHAPES[0], RESNET_SHAPES[2], RESNET_SHAPES[3], TMA_SHAPES[0], (0, 64, 8, 8,
+              64, 3, 3, 1, 1, 1, 1)]  # fmt: skip
+    for shape in shapes:
+        for layout in LAYOUTS:
+            x, w, b, g, conv = _make(shape, dtype, layout)
+            st, pad, dil = _pair(conv["stride"]), _pair(conv["padding"]), _pair(conv["dilation"])
+            tag = f"{variant}-{_name(dtype)}-{layout}-{shape}"
+
+            def grad_weight(*dt, x=x, w=w, g=g, st=st, pad=pad, dil=dil):
+                poison_allocator("cuda", w.float() if dt else w)
+                return op.conv2d_backward(g, x, w, st, pad, dil, 1, [False, True, False], variant, *dt)[1]
+
+            half = _call(grad_weight, variant, tag)
+            if half is None:
+                continue
+            wide = grad_weight(torch.float32)
+            assert wide.dtype == torch.float32 and wide.shape == w.shape, tag
+            assert wide.stride() == _expected_strides(w.shape, _rule_format(w)), f"[{tag}] strides {wide.stride()}"
+            assert torch.equal(wide.to(dtype), half), f"[{tag}] float32 gradient rounded != the {dtype} gradient"
+            ref = torch.nn.grad.conv2d_weight(x.double(), w.shape, g.double(), **conv)
+            err_wide, err_half = (wide.double() - ref).abs().max(), (half.double() - ref).abs().max()
+            assert err_wide <= err_half, f"[{tag}] float32 error {err_wide} > {dtype} error {err_half}"
+            unrounded += int(not torch.equal(wide, half.float()))
+    if variant in ("implicit_mma", "implicit_tma", None):
+        assert unrounded > 0, f"[{variant}] every float32 gradient was a rounded one: the float sums never reached it"
+    with pytest.raises(TypeError, match="`grad_weight_dtype`"):
+        op.conv2d_backward(g, x, w, st, pad, dil, 1, [False, True, False], variant, torch.float64)
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
 @pytest.mark.parametrize("case", ["n0", "k0", "c0"])
 def test_conv2d_empty_sizes(variant, case):

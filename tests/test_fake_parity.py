@@ -277,6 +277,9 @@ def _conv2d_backward(device, dtype):
             for mask in masks:
                 args = (g, x, w, stride, padding, dilation, groups, mask, None)
                 yield f"{case}, grad_output {g_layout}, mask {mask}", args, {}
+        if dtype in (torch.float16, torch.bfloat16):  # the float32 master weight's gradient
+            args = (g, x, w, stride, padding, dilation, groups, masks[0], None, torch.float32)
+            yield f"{case}, grad_weight_dtype float32", args, {}
 
 
 def _batch_norm_operands(device, dtype):

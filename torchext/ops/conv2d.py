@@ -185,13 +185,15 @@ def _(input, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), 
 
 
 @torch.library.register_fake("torchext::conv2d_backward")
-def _(grad_output, input, weight, stride, padding, dilation, groups, output_mask, variant=None):
+def _(grad_output, input, weight, stride, padding, dilation, groups, output_mask, variant=None, grad_weight_dtype=None):
     _check_fake("conv2d_backward", input, weight, None, stride, padding, dilation, groups)
     # A result left out is a fresh empty tensor of its own (the real kernel's do not alias one another).
     grad_input = _empty(grad_output, input.shape if output_mask[0] else (0,),
                         _output_format(input, weight) if output_mask[0] else torch.contiguous_format)  # fmt: skip
     grad_weight = _empty(grad_output, weight.shape if output_mask[1] else (0,),
                          _memory_format(weight) if output_mask[1] else torch.contiguous_format)  # fmt: skip
+    if output_mask[1] and grad_weight_dtype is not None:
+        grad_weight = grad_weight.to(grad_weight_dtype)  # float32 for a half weight (csrc/conv2d.h)
     grad_bias = grad_output.new_empty((weight.shape[0],) if output_mask[2] else (0,))
     return grad_input, grad_weight, grad_bias
 
