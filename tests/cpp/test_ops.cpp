@@ -43,6 +43,7 @@ const std::set<std::string> kBackwardOps = {
     "max_pool2d_backward",
     "avg_pool2d_backward",
     "adaptive_avg_pool2d_backward",
+    "fork",  // inserted by the Python torch.fx pass; C++ callers reuse a tensor and autograd sums its gradients
 };
 
 // ---------------------------------------------------------------------------------------------------------------
