@@ -75,11 +75,10 @@ def add(input: Tensor, other: Tensor) -> Tensor:
 
 
 def fork(input: Tensor, n: int) -> tuple:
-    """n aliases (views) of input whose gradients one autograd node sums with add (torchext.functional.fork)."""
+    """n aliases (views) of input whose gradients one autograd node sums with add (torchext.functional.fork; the op
+    checks n)."""
     if not isinstance(input, Tensor):
         raise not_a_tensor("fork", "input", input)
-    if type(n) is not int or n < 1:
-        raise ValueError(f"torchext fork(): `n` must be a positive int, got {n!r}")
     return tuple(_ops.fork.default(input, n))
 
 
