@@ -961,21 +961,14 @@ variable_list conv2d_input_grads(AutogradContext* ctx, const Tensor& grad_z, siz
                 "forward's value, but a second derivative needs the weight itself. Differentiate before the step.");
     weight = w.to(weight.scalar_type());  // the same bits, differentiable
   }
-  // With a copy, the weight's gradient comes in the float32 weight's dtype straight from the kernel's float sums. Under
-  // create_graph it is computed in the copy's dtype and cast differentiably, as before the float32 path existed: a
-  // gradient penalty through the float32 path gave weight gradients far from stock's on an H200 (2026-11-28, not yet
-  // understood; tests/test_autocast_copies.py::test_second_derivative_reaches_the_weights).
-  const bool has_master = master != ctx->saved_data.end();
-  const std::optional<at::ScalarType> gw_dtype = has_master && !at::GradMode::is_enabled()
-                                                     ? std::optional(master->second.toTensor().scalar_type())
-                                                     : std::nullopt;
+  // With a copy, the weight's gradient comes in the float32 weight's dtype straight from the kernel's float sums (under
+  // create_graph too: conv2d_backward's node takes a float32 grad_weight's gradient back to the copy's dtype).
+  const std::optional<at::ScalarType> gw_dtype =
+      master != ctx->saved_data.end() ? std::optional(master->second.toTensor().scalar_type()) : std::nullopt;
   auto [grad_input, grad_weight, grad_bias] =
       Conv2dOptions::load(ctx).backward(grad_z, saved[0], weight, mask, gw_dtype);
   if (mask[0] && ctx->saved_data.count("grad_input_channels_last") > 0) {
     grad_input = grad_input.contiguous(at::MemoryFormat::ChannelsLast);  // the placeholder input suggested NCHW
-  }
-  if (mask[1] && has_master && grad_weight.scalar_type() != master->second.toTensor().scalar_type()) {
-    grad_weight = grad_weight.to(master->second.toTensor().scalar_type());
   }
   if (mask[0]) result[0] = grad_input;
   if (mask[1]) result[1] = grad_weight;
