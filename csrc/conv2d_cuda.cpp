@@ -191,15 +191,13 @@ bool run_pass(std::string_view op, Conv2dPass pass, std::optional<Conv2dKernel> 
       }
     } else {
       l.kernel = cuda_ops::conv2d_default_kernel(pass, args);
+      // w_acc: a version that writes it, or none (and the caller computes in the input's dtype).
+      if (w_acc && !cuda_ops::conv2d_supported(l.kernel, pass, args, nullptr)) continue;
       if (!chosen.has_value() || l.kernel > chosen->kernel) chosen = l;
       if (l.kernel >= Conv2dKernel::implicit_simt) break;  // an implicit-GEMM version
     }
   }
-  if (w_acc && (!chosen.has_value() ||
-                !cuda_ops::conv2d_supported(chosen->kernel, pass,
-                                            with_acc(make_args<scalar_t>(*chosen, bias, act, stats)), nullptr))) {
-    return false;
-  }
+  if (w_acc && !chosen.has_value()) return false;
   TORCH_CHECK_VALUE(chosen.has_value(), op, ": variant '", cuda_ops::conv2d_kernel_name(*variant),
                     "' does not support these arguments (", cuda_ops::conv2d_pass_name(pass), "): ",
                     why != nullptr ? why : "not supported", " (", x.scalar_type(), ", ", describe(shape), ")");

@@ -415,13 +415,7 @@ cudaError_t launch_wgrad(WgradParams<T> p, int splits, cudaStream_t stream) {
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.partial == nullptr) return err;
-  const dim3 grid_r = grid_for(static_cast<int64_t>(p.m) * p.n, 256);
-  if (p.dw_acc != nullptr) {
-    conv2d_wgrad_reduce_kernel<float><<<grid_r, 256, 0, stream>>>(p.partial, splits, p.m, p.n, p.dw_acc, p.dw_lead);
-  } else {
-    conv2d_wgrad_reduce_kernel<T><<<grid_r, 256, 0, stream>>>(p.partial, splits, p.m, p.n, p.dw, p.dw_lead);
-  }
-  return cudaGetLastError();
+  return launch_wgrad_reduce(p.partial, splits, p.m, p.n, p.dw, p.dw_acc, p.dw_lead, stream);
 }
 
 template <typename T>

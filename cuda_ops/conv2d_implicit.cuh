@@ -110,6 +110,19 @@ __global__ void conv2d_wgrad_reduce_kernel(const float* partial, int splits, int
   }
 }
 
+// Launches it into dw_acc (float) where that is set, else into dw; the launch's error.
+template <typename T>
+cudaError_t launch_wgrad_reduce(const float* partial, int splits, int m, int n, T* dw, float* dw_acc, int64_t dw_lead,
+                                cudaStream_t stream) {
+  const unsigned grid = grid_for(static_cast<int64_t>(m) * n, 256);
+  if (dw_acc != nullptr) {
+    conv2d_wgrad_reduce_kernel<float><<<grid, 256, 0, stream>>>(partial, splits, m, n, dw_acc, dw_lead);
+  } else {
+    conv2d_wgrad_reduce_kernel<T><<<grid, 256, 0, stream>>>(partial, splits, m, n, dw, dw_lead);
+  }
+  return cudaGetLastError();
+}
+
 // The taps of backward_input's stride phase along one dimension: phase ph (pixels ph + stride i) takes the taps
 // r = r0 + stride t, t < count, with r0 = (ph + pad) mod stride.
 __host__ __device__ __forceinline__ int64_t phase_first_tap(int64_t ph, int64_t pad, int64_t stride) {

@@ -403,9 +403,7 @@ cudaError_t launch_wgrad(WgradParams<float> p, int splits, bool vec, cudaStream_
   kernel<<<grid, C::THREADS, WgradSmem<C>::BYTES, stream>>>(p, vec);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.partial == nullptr) return err;
-  conv2d_wgrad_reduce_kernel<float><<<grid_for(static_cast<int64_t>(p.m) * p.n, 256), 256, 0, stream>>>(
-      p.partial, splits, p.m, p.n, p.dw, p.dw_lead);
-  return cudaGetLastError();
+  return launch_wgrad_reduce(p.partial, splits, p.m, p.n, p.dw, nullptr, p.dw_lead, stream);
 }
 
 cudaError_t forward(const Conv2dArgs<float>& a, cudaStream_t stream, void* workspace) {

@@ -355,13 +355,7 @@ cudaError_t launch_wgrad_tma(const WgradTmaParams<T>& p, const CUtensorMap (&map
   kernel<<<grid, kThreads, smem, stream>>>(p, maps[0], maps[1]);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.partial == nullptr) return err;
-  const unsigned grid_r = grid_for(static_cast<int64_t>(pl.k) * pl.n, 256);
-  if (p.dw_acc != nullptr) {
-    conv2d_wgrad_reduce_kernel<float><<<grid_r, 256, 0, stream>>>(p.partial, pl.slots, pl.k, pl.n, p.dw_acc, p.dw_lead);
-  } else {
-    conv2d_wgrad_reduce_kernel<T><<<grid_r, 256, 0, stream>>>(p.partial, pl.slots, pl.k, pl.n, p.dw, p.dw_lead);
-  }
-  return cudaGetLastError();
+  return launch_wgrad_reduce(p.partial, pl.slots, pl.k, pl.n, p.dw, p.dw_acc, p.dw_lead, stream);
 }
 
 }  // namespace

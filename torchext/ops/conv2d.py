@@ -157,10 +157,10 @@ def _check_fake(op: str, input, weight, bias, stride, padding, dilation, groups)
         torch._check(tuple(bias.shape) == (weight.shape[0],), lambda: f"torchext::{op}: `bias` must be (K,)")
 
 
-def _empty(like: Tensor, shape, fmt: torch.memory_format) -> Tensor:
+def _empty(like: Tensor, shape, fmt: torch.memory_format, dtype: torch.dtype | None = None) -> Tensor:
     """at::empty(shape, like.options().memory_format(fmt)): the strides that format gives every shape (a
     .contiguous(memory_format=...) call would keep other strides where sizes of 1 make both formats match)."""
-    return torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=fmt)
+    return torch.empty(shape, dtype=dtype or like.dtype, device=like.device, memory_format=fmt)
 
 
 def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -190,10 +190,10 @@ def _(grad_output, input, weight, stride, padding, dilation, groups, output_mask
     # A result left out is a fresh empty tensor of its own (the real kernel's do not alias one another).
     grad_input = _empty(grad_output, input.shape if output_mask[0] else (0,),
                         _output_format(input, weight) if output_mask[0] else torch.contiguous_format)  # fmt: skip
+    # grad_weight_dtype: float32 for a half weight (csrc/conv2d.h).
     grad_weight = _empty(grad_output, weight.shape if output_mask[1] else (0,),
-                         _memory_format(weight) if output_mask[1] else torch.contiguous_format)  # fmt: skip
-    if output_mask[1] and grad_weight_dtype is not None:
-        grad_weight = grad_weight.to(grad_weight_dtype)  # float32 for a half weight (csrc/conv2d.h)
+                         _memory_format(weight) if output_mask[1] else torch.contiguous_format,
+                         grad_weight_dtype if output_mask[1] else None)  # fmt: skip
     grad_bias = grad_output.new_empty((weight.shape[0],) if output_mask[2] else (0,))
     return grad_input, grad_weight, grad_bias
 
