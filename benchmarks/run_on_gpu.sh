@@ -30,8 +30,10 @@
 # (--swap-conv: torchext's convolutions too; BatchNorm, pools, activations, Linear and the loss are swapped by default).
 # ddp runs the 2-GPU NCCL tests (tests/test_compare.py, tests/test_ddp.py: DDP on a fully swapped small ResNet and
 # SyncBatchNorm, against stock), then the runs named in DDP_RUNS under torchrun --nproc_per_node=2 (default
-# resnet18_cifar_b512_ddp2_full: every layer swapped; resnet18_cifar_b512_ddp2: the default recipe). Each run is written to /tmp/torchext-compare/<run>/ (results, plots and its
-# console log) and packed into $OUT/cifar10-<run>.tar.gz: one file per run comes back. COMPARE_DATA: the CIFAR-10
+# resnet18_cifar_b512_ddp2_full: every layer swapped; resnet18_cifar_b512_ddp2: the default recipe;
+# resnet18_cifar_b512_ddp2_full_1gpu_gloo: the fully swapped one with both ranks on one GPU over gloo, DDP's accuracy
+# where no 2-GPU machine is lent, its times not DDP's). Each run is written to /tmp/torchext-compare/<run>/ (results,
+# plots and its console log) and packed into $OUT/cifar10-<run>.tar.gz: one file per run comes back. COMPARE_DATA: the CIFAR-10
 # source (default .data/cifar10-train-jpg.tar.gz).
 # cpp (after build; `build cpp` is one call of about 8 minutes on an H100 with 16 cores) is torchext from C++
 # (docs/cpp.md): the C++ tests (tests/test_cpp.py: the GoogleTest suite with its CUDA rows and the pool made
@@ -208,8 +210,9 @@ if has compare; then
   done
 fi
 if has ddp; then
-  echo "== the 2-GPU NCCL tests"
-  python -m pytest tests/test_compare.py tests/test_ddp.py -q -p no:cacheprovider -k nccl -rs > "$OUT/ddp_test.log" 2>&1 \
+  echo "== the 2-GPU NCCL tests, and 2 ranks on one GPU over gloo"
+  python -m pytest tests/test_compare.py tests/test_ddp.py -q -p no:cacheprovider -k "nccl or share_one_gpu" -rs \
+    > "$OUT/ddp_test.log" 2>&1 \
     || status=1
   tail -3 "$OUT/ddp_test.log"
   COMPARE_LAUNCH=(torchrun --standalone --nproc_per_node=2 -m torchext.compare)
@@ -217,6 +220,9 @@ if has ddp; then
     case $run in
       resnet18_cifar_b512_ddp2) compare_run "$run" 400 --model resnet18_cifar ;;
       resnet18_cifar_b512_ddp2_full) compare_run "$run" 500 --model resnet18_cifar --swap-conv ;;
+      resnet18_cifar_b512_ddp2_full_1gpu_gloo)
+        compare_run "$run" "${DDP_LIMIT_S:-590}" --model resnet18_cifar --swap-conv --dist-backend gloo
+        ;;
       *) echo "unknown DDP run $run"; status=1 ;;
     esac
   done

@@ -456,6 +456,8 @@ def test_help_documents_recipes(capsys):
         (["--compile-mode", "fast"], "invalid choice: 'fast'"),
         (["--torchext-compile", "fused"], "invalid choice: 'fused'"),
         (["--model", "mlp", "--device", "cpu", "--cuda-graphs"], "--cuda-graphs needs one CUDA device"),
+        (["--dist-backend", "mpi"], "invalid choice: 'mpi'"),
+        (["--model", "mlp", "--device", "cpu", "--dist-backend", "nccl"], "--dist-backend nccl needs CUDA devices"),
         (
             ["--model", "mlp", "--device", "cpu", "--cuda-graphs", "--compile"],
             "with torch.compile use --compile-mode reduce-overhead",
@@ -525,6 +527,39 @@ def test_gpu_time_share_adapter(monkeypatch):
         assert compare._gpu_time_share(lambda: None, 1) == {"error": "RuntimeError: no CUPTI"}
 
 
+def test_ranks_per_gpu(monkeypatch):
+    """Under torchrun each rank takes cuda:LOCAL_RANK; with more ranks than GPUs NCCL is refused with a clear error
+    and gloo shares the GPUs round-robin (no CUDA needed: only the device count is asked)."""
+    from torchext.compare.devices import _Dist, _dist_backend, _resolve_device
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    cuda = torch.device("cuda")
+    assert _resolve_device(cuda, _Dist(world=2, rank=0, local_rank=0), "nccl") == torch.device("cuda", 0)
+    assert _resolve_device(cuda, _Dist(world=2, rank=1, local_rank=1), "gloo") == torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert _resolve_device(cuda, _Dist(world=3, rank=2, local_rank=2), "gloo") == torch.device("cuda", 0)
+    assert _resolve_device(cuda, _Dist(world=2, rank=1, local_rank=1), "nccl") == torch.device("cuda", 1)
+    with pytest.raises(CompareError, match="local rank 2 but only 2 CUDA device.*--dist-backend gloo"):
+        _resolve_device(cuda, _Dist(world=3, rank=2, local_rank=2), "nccl")
+    assert _dist_backend(CompareConfig(), cuda) == "nccl"
+    assert _dist_backend(CompareConfig(), torch.device("cpu")) == "gloo"
+    assert _dist_backend(CompareConfig(dist_backend="gloo"), cuda) == "gloo"
+    with pytest.raises(CompareError, match="--dist-backend nccl needs CUDA devices"):
+        _dist_backend(CompareConfig(dist_backend="nccl"), torch.device("cpu"))
+    # what summary.md's header says: GPUs, and the ranks on each where they share
+    from torchext.compare.devices import _ranks_per_gpu
+    from torchext.compare.report import _devices_text
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    assert _ranks_per_gpu(cuda, _Dist(world=3)) == 2 and _ranks_per_gpu(torch.device("cpu"), _Dist(world=3)) is None
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert _ranks_per_gpu(cuda, _Dist(world=2)) == 1
+    env = {"gpu": "NVIDIA H200", "device": "cuda:0", "world_size": 2, "ranks_per_gpu": 1}
+    assert _devices_text(env) == "NVIDIA H200 x2"
+    assert _devices_text({**env, "ranks_per_gpu": 2}) == "NVIDIA H200 x1 (2 ranks on each GPU)"
+    assert _devices_text({"gpu": None, "device": "cpu", "world_size": 2}) == "cpu x2"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # torchrun, 2 processes on the CPU (gloo)
 
@@ -557,7 +592,7 @@ def test_torchrun_two_processes(tmp_path, mlp_run):
             "--epochs", "2", "--seeds", "0,1", "--batch-size", "64", "--val-batch-size", "64", "--device", "cpu",
             "--out", str(out), "--quiet"]  # fmt: skip
     results = _torchrun_two(tmp_path, args, out, timeout=240, OMP_NUM_THREADS="1")
-    assert results["environment"]["world_size"] == 2
+    assert results["environment"]["world_size"] == 2 and results["environment"]["dist_backend"] == "gloo"
     assert (out / "summary.md").is_file()
     has_matplotlib = importlib.util.find_spec("matplotlib") is not None
     for name in CPU_PLOTS:
@@ -592,6 +627,29 @@ def test_torchrun_two_gpus_nccl(tmp_path):
         assert m["peak_allocated_bytes"] > 0
     assert results["gpu_time_share"]["share"] > 0, results["gpu_time_share"]
     assert results["stock_gpu_time"]["share"] == 0, "stock runs no torchext kernel"
+
+
+@pytest.mark.gpu
+@pytest.mark.slow  # two processes training: left out of the compute-sanitizer pass
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_torchrun_two_ranks_share_one_gpu_gloo(tmp_path):
+    """--dist-backend gloo puts both ranks on cuda:0 (NCCL would refuse): DDP's arithmetic on one GPU, said so in the
+    notes; each rank trains on half of every global batch and rank 0's figures cover every image."""
+    out = tmp_path / "ddp_shared"
+    args = ["--model", "cnn_cifar", "--data", "synthetic", "--synthetic-train", "512", "--synthetic-val", "128",
+            "--epochs", "2", "--seeds", "0", "--batch-size", "64", "--device", "cuda", "--profile-steps", "2",
+            "--dist-backend", "gloo", "--out", str(out), "--quiet"]  # fmt: skip
+    env = {"CUDA_VISIBLE_DEVICES": "0"}
+    results = _torchrun_two(tmp_path, args, out, timeout=300, **env)
+    assert results["environment"]["world_size"] == 2 and results["environment"]["dist_backend"] == "gloo"
+    assert any("2 ranks share 1 GPU(s)" in n for n in results["notes"]), results["notes"]
+    assert results["environment"]["ranks_per_gpu"] == 2
+    assert "x1 (2 ranks on each GPU)" in (out / "summary.md").read_text()
+    for name in ("stock", "torchext"):
+        m = results["seeds"][0]["models"][name]
+        assert [e["images"] for e in m["epochs"]] == [512, 512]
+        assert int(torch.tensor(m["confusion_matrix"]).sum()) == 128
+    assert results["gpu_time_share"]["share"] > 0, results["gpu_time_share"]
 
 
 @gpu

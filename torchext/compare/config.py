@@ -49,6 +49,7 @@ SCHEDULES = ("onecycle", "cosine", "constant")
 AMP_MODES = ("bf16", "fp16", "none")
 ALLOCATORS = ("default", "pool")
 VAL_FROM = ("auto", "test", "train")
+DIST_BACKENDS = ("nccl", "gloo")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
 TORCHEXT_COMPILE_MODES = ("kernels", "decompose")  # torchext.compile.COMPILE_MODES
 ONECYCLE_WARMUP = 0.25  # share of the steps spent rising to the peak learning rate
@@ -87,6 +88,9 @@ class CompareConfig:
     device:           'cuda', 'cuda:1', 'cpu', or None: CUDA, and a CompareError where no GPU is visible (the
                       CPU must be asked for). Under torchrun each rank uses ``cuda:LOCAL_RANK`` (or the CPU when
                       the device is 'cpu').
+    dist_backend:     under torchrun: 'nccl' (the default on CUDA; one GPU per rank) or 'gloo' (the default on the
+                      CPU; on CUDA it lets ranks share GPUs, ``cuda:LOCAL_RANK % device_count``: DDP's arithmetic on
+                      fewer GPUs, for its accuracy, not its speed).
     out:              output folder.
     swap_linear, swap_conv, swap_activations, fuse, forks: passed to ``torchext.swap_modules`` (as linear,
                       conv, activations, fuse, forks).
@@ -126,6 +130,7 @@ class CompareConfig:
     synthetic_train: int = 5000
     synthetic_val: int = 1000
     device: str | None = None
+    dist_backend: str | None = None
     out: str = "compare_out"
     swap_linear: bool = True
     swap_conv: bool = False
@@ -183,6 +188,10 @@ class CompareConfig:
                 f"--allocator must be one of {', '.join(ALLOCATORS)}, got {self.allocator!r}",
             ),
             (self.val_from in VAL_FROM, f"--val-from must be one of {', '.join(VAL_FROM)}, got {self.val_from!r}"),
+            (
+                self.dist_backend is None or self.dist_backend in DIST_BACKENDS,
+                f"--dist-backend must be one of {', '.join(DIST_BACKENDS)}, got {self.dist_backend!r}",
+            ),
             (self.lr is not None and self.lr > 0, f"--lr must be positive, got {self.lr!r}"),
             (
                 self.momentum is not None and 0 <= self.momentum < 1,
@@ -391,6 +400,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--synthetic-val", type=int, default=d.synthetic_val, help="val images with --data synthetic")
     p.add_argument(
         "--device", default=d.device, help="cuda, cuda:N or cpu (default: cuda; without a GPU, cpu must be given)"
+    )
+    p.add_argument(
+        "--dist-backend",
+        choices=DIST_BACKENDS,
+        default=d.dist_backend,
+        help="process group under torchrun (default: nccl on CUDA, gloo on the CPU); gloo on CUDA lets ranks share "
+        "GPUs (cuda:LOCAL_RANK %% GPUs): DDP's accuracy on fewer GPUs than ranks, not its speed",
     )
     p.add_argument("--out", default=d.out, help=f"output folder (default: {d.out})")
     p.add_argument("--swap-linear", action=argparse.BooleanOptionalAction, default=True, help="swap nn.Linear")

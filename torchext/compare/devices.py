@@ -51,15 +51,31 @@ def _default_device(model: str) -> str:
     )
 
 
-def _resolve_device(device: torch.device, dist: _Dist) -> torch.device:
-    """The device this rank runs on: ``cuda:LOCAL_RANK`` under torchrun, the current device for a bare 'cuda'."""
+def _dist_backend(config: CompareConfig, device: torch.device) -> str:
+    """The process group's backend under torchrun: ``--dist-backend``, else nccl on CUDA and gloo on the CPU."""
+    backend = config.dist_backend or ("nccl" if device.type == "cuda" else "gloo")
+    if backend == "nccl" and device.type != "cuda":
+        raise CompareError(f"--dist-backend nccl needs CUDA devices (device is {device}); use --dist-backend gloo")
+    return backend
+
+
+def _resolve_device(device: torch.device, dist: _Dist, backend: str = "nccl") -> torch.device:
+    """The device this rank runs on: ``cuda:LOCAL_RANK`` under torchrun (``LOCAL_RANK % GPUs`` with gloo, which lets
+    ranks share a GPU; NCCL refuses two ranks on one), the current device for a bare 'cuda'."""
     if device.type == "cuda":
+        count = torch.cuda.device_count()
         if dist.world > 1:
-            device = torch.device("cuda", dist.local_rank)
+            if dist.local_rank >= count and backend != "gloo":
+                raise CompareError(
+                    f"torchrun started local rank {dist.local_rank} but only {count} CUDA device(s) are visible: "
+                    "NCCL needs a GPU per rank. Start as many ranks per node as GPUs, or pass --dist-backend gloo "
+                    "to let ranks share GPUs (DDP's arithmetic, for its accuracy: the times are not DDP's speed)"
+                )
+            device = torch.device("cuda", dist.local_rank % count if count else dist.local_rank)
         elif device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
-        if device.index >= torch.cuda.device_count():
-            raise CompareError(f"--device {device}: only {torch.cuda.device_count()} CUDA devices are visible")
+        if device.index >= count:
+            raise CompareError(f"--device {device}: only {count} CUDA devices are visible")
     return device
 
 
@@ -70,7 +86,7 @@ def _dist_from_env() -> _Dist:
     return _Dist(world, int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def _init_dist(dist: _Dist, device: torch.device) -> None:
+def _init_dist(dist: _Dist, device: torch.device, backend: str) -> None:
     import torch.distributed as tdist
 
     if dist.world <= 1:
@@ -78,8 +94,7 @@ def _init_dist(dist: _Dist, device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not tdist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        kwargs = {"device_id": device} if device.type == "cuda" else {}
+        kwargs = {"device_id": device} if backend == "nccl" else {}
         tdist.init_process_group(backend, **kwargs)
         dist.owns_group = True
     if tdist.get_world_size() != dist.world:
@@ -103,7 +118,15 @@ def _train_shard(t: torch.Tensor, dist: _Dist) -> torch.Tensor:
     return t[dist.rank * b : (dist.rank + 1) * b]
 
 
-def _environment(device: torch.device, dist: _Dist) -> dict:
+def _ranks_per_gpu(device: torch.device, dist: _Dist) -> int | None:
+    """How many of this node's ranks share each GPU (more than 1 only with gloo: _resolve_device); None off CUDA."""
+    if device.type != "cuda":
+        return None
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", dist.world))
+    return max(1, -(-local_world // torch.cuda.device_count()))
+
+
+def _environment(device: torch.device, dist: _Dist, backend: str | None = None) -> dict:
     import torchext
 
     from .._loader import built_with_cuda
@@ -120,6 +143,8 @@ def _environment(device: torch.device, dist: _Dist) -> dict:
         "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "world_size": dist.world,
+        "ranks_per_gpu": _ranks_per_gpu(device, dist),
+        "dist_backend": backend if dist.world > 1 else None,
         "cpu_threads": torch.get_num_threads(),
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
         "cudnn_benchmark": torch.backends.cudnn.benchmark if device.type == "cuda" else None,

@@ -321,6 +321,13 @@ def _busy_text(b: dict) -> str:
     return f"GPU work per training step (profiled) against the measured step time: {per}. {why}"
 
 
+def _devices_text(env: dict) -> str:
+    """'NVIDIA H200 x2', or 'NVIDIA H200 x1 (2 ranks on each GPU)' where gloo ranks share the GPUs."""
+    world, per = env["world_size"], env.get("ranks_per_gpu") or 1
+    text = f"{env.get('gpu') or env['device']} x{max(1, world // per)}"
+    return text + (f" ({per} ranks on each GPU)" if per > 1 else "")
+
+
 def _timed_text(timed: str) -> str:
     """'epochs 2-15', 'epoch 2' or 'epoch 1': the epochs the speed figures cover (``summary["timed_epochs"]``)."""
     return f"epochs {timed}" if "-" in timed else f"epoch {timed}"
@@ -351,8 +358,7 @@ def render_summary(results: dict) -> str:
         f"# torchext vs stock PyTorch: {cfg['model']}",
         "",
         *([status, ""] if status else []),
-        f"{env['date']}; {env.get('gpu') or env['device']} x{env['world_size']}; torch {env['torch']}, CUDA "
-        f"{env['cuda']}, torchext {env['torchext']}.",
+        f"{env['date']}; {_devices_text(env)}; torch {env['torch']}, CUDA {env['cuda']}, torchext {env['torchext']}.",
         "",
         f"{cfg['epochs']} epochs, batch {cfg['batch_size']}, {cfg['optimizer']} lr {cfg['lr']:g} ({cfg['schedule']}), "
         f"weight decay {cfg['weight_decay']:g}, label smoothing {cfg['label_smoothing']:g}, amp {cfg['amp']}, "

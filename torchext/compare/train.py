@@ -25,6 +25,7 @@ from .config import ONECYCLE_WARMUP, CompareConfig, CompareError
 from .devices import (
     _all_reduce,
     _Dist,
+    _dist_backend,
     _dist_from_env,
     _environment,
     _init_dist,
@@ -336,7 +337,8 @@ def run(config: CompareConfig) -> dict:
         from .. import memory
 
         memory.enable_pool()  # before anything initializes CUDA
-    device = _resolve_device(device, dist)
+    backend = _dist_backend(cfg, device)
+    device = _resolve_device(device, dist, backend)
     if cfg.cuda_graphs and (device.type != "cuda" or dist.world > 1):
         raise CompareError(
             "--cuda-graphs needs one CUDA device: it captures the training step into a CUDA graph "
@@ -351,12 +353,12 @@ def run(config: CompareConfig) -> dict:
         notes.append(f"the {cfg.model} recipe's {cfg.amp} autocast is CUDA-only here: trained in float32 on the CPU")
         cfg = dataclasses.replace(cfg, amp="none")
 
-    _init_dist(dist, device)
+    _init_dist(dist, device, backend)
     from ..compile import compile_mode, set_compile_mode
 
     previous_compile_mode = compile_mode()  # --torchext-compile sets it for this run only
     try:
-        results = _run(cfg, config, device, dist, notes)
+        results = _run(cfg, config, device, dist, notes, backend)
     finally:
         set_compile_mode(previous_compile_mode)
         if dist.owns_group:
@@ -366,7 +368,7 @@ def run(config: CompareConfig) -> dict:
     return results
 
 
-def _run(cfg: CompareConfig, config: CompareConfig, device, dist: _Dist, notes: list) -> dict:
+def _run(cfg: CompareConfig, config: CompareConfig, device, dist: _Dist, notes: list, backend: str) -> dict:
     from ..data import GPULoader
 
     start = time.perf_counter()
@@ -383,7 +385,7 @@ def _run(cfg: CompareConfig, config: CompareConfig, device, dist: _Dist, notes: 
     )
     results = {
         "config": {**cfg.as_dict(), "recipe": cfg.model, "overrides": config.overrides()},
-        "environment": _environment(device, dist),
+        "environment": _environment(device, dist, backend),
         "data": {
             "source": data.source,
             "val_source": data.val_source,
@@ -403,8 +405,13 @@ def _run(cfg: CompareConfig, config: CompareConfig, device, dist: _Dist, notes: 
     if dist.world > 1:
         notes.append(
             f"DistributedDataParallel over {dist.world} ranks: each trains on 1/{dist.world} of every global batch "
-            f"of {cfg.batch_size}; batch-norm statistics are computed per rank"
+            f"of {cfg.batch_size}; batch-norm statistics are computed per rank ({backend} process group)"
         )
+        if device.type == "cuda" and dist.world > torch.cuda.device_count():
+            notes.append(
+                f"{dist.world} ranks share {torch.cuda.device_count()} GPU(s) (--dist-backend gloo): the accuracies "
+                "are DDP's, the epoch times and the GPU busy fraction are not DDP's speed"
+            )
     if log:
         print(f"torchext-compare: {cfg.model} on {device} x{dist.world}; {data.describe()}", flush=True)
     writer = _OutputWriter(cfg.out, enabled=dist.main)
