@@ -33,8 +33,8 @@
 # resnet18_cifar_b512_ddp2_full: every layer swapped; resnet18_cifar_b512_ddp2: the default recipe;
 # resnet18_cifar_b512_ddp2_full_1gpu_gloo: the fully swapped one with both ranks on one GPU over gloo, DDP's accuracy
 # where no 2-GPU machine is lent, its times not DDP's). Each run is written to /tmp/torchext-compare/<run>/ (results,
-# plots and its console log) and packed into $OUT/cifar10-<run>.tar.gz: one file per run comes back. COMPARE_DATA: the CIFAR-10
-# source (default .data/cifar10-train-jpg.tar.gz).
+# plots and its console log) and packed into $OUT/cifar10-<run>.tar.gz: one file per run comes back. COMPARE_DATA:
+# the CIFAR-10 source (default .data/cifar10-train-jpg.tar.gz).
 # cpp (after build; `build cpp` is one call of about 8 minutes on an H100 with 16 cores) is torchext from C++
 # (docs/cpp.md): the C++ tests (tests/test_cpp.py: the GoogleTest suite with its CUDA rows and the pool made
 # PyTorch's allocator, through CTest, and a fresh CMake project), then examples/cpp built in Release: the CIFAR-10

@@ -411,6 +411,7 @@ def test_cli_parsing_and_argv_round_trip():
         CompareConfig(swap_optimizer=False),
         CompareConfig(model="resnet18_cifar", swap_conv=True, forks=False),
         CompareConfig(model="resnet18_cifar", autocast_copies=False),
+        CompareConfig(dist_backend="gloo", allocator="pool", child=True),
     ):
         back = compare.config_from_args(compare.build_parser().parse_args(c.to_argv()))
         assert back == c, f"[to_argv] {c.to_argv()}"
@@ -546,17 +547,18 @@ def test_ranks_per_gpu(monkeypatch):
     assert _dist_backend(CompareConfig(dist_backend="gloo"), cuda) == "gloo"
     with pytest.raises(CompareError, match="--dist-backend nccl needs CUDA devices"):
         _dist_backend(CompareConfig(dist_backend="nccl"), torch.device("cpu"))
-    # what summary.md's header says: GPUs, and the ranks on each where they share
-    from torchext.compare.devices import _ranks_per_gpu
+    # what summary.md's header says: GPUs (counted by UUID over the ranks), and the ranks on each where they share
+    from torchext.compare.devices import _gpu_sharing
     from torchext.compare.report import _devices_text
 
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
-    assert _ranks_per_gpu(cuda, _Dist(world=3)) == 2 and _ranks_per_gpu(torch.device("cpu"), _Dist(world=3)) is None
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert _ranks_per_gpu(cuda, _Dist(world=2)) == 1
-    env = {"gpu": "NVIDIA H200", "device": "cuda:0", "world_size": 2, "ranks_per_gpu": 1}
+    assert _gpu_sharing(torch.device("cpu"), _Dist()) == (None, None)
+    env = {"gpu": "NVIDIA H200", "device": "cuda:0", "world_size": 2, "gpus": 2, "ranks_per_gpu": 1}
     assert _devices_text(env) == "NVIDIA H200 x2"
-    assert _devices_text({**env, "ranks_per_gpu": 2}) == "NVIDIA H200 x1 (2 ranks on each GPU)"
+    assert _devices_text({**env, "gpus": 1, "ranks_per_gpu": 2}) == "NVIDIA H200 x1 (2 ranks on each GPU)"
+    assert _devices_text({**env, "world_size": 3, "ranks_per_gpu": 2}) == "NVIDIA H200 x2 (at most 2 ranks on each GPU)"
+    assert _devices_text({**env, "world_size": 4, "gpus": 4}) == "NVIDIA H200 x4", "2 nodes of 2 GPUs"
+    # runs recorded before the gpus field: ranks, as then
+    assert _devices_text({"gpu": "NVIDIA H200", "device": "cuda:0", "world_size": 2}) == "NVIDIA H200 x2"
     assert _devices_text({"gpu": None, "device": "cpu", "world_size": 2}) == "cpu x2"
 
 
@@ -592,7 +594,8 @@ def test_torchrun_two_processes(tmp_path, mlp_run):
             "--epochs", "2", "--seeds", "0,1", "--batch-size", "64", "--val-batch-size", "64", "--device", "cpu",
             "--out", str(out), "--quiet"]  # fmt: skip
     results = _torchrun_two(tmp_path, args, out, timeout=240, OMP_NUM_THREADS="1")
-    assert results["environment"]["world_size"] == 2 and results["environment"]["dist_backend"] == "gloo"
+    env = results["environment"]
+    assert env["world_size"] == 2 and env["dist_backend"] == "gloo" and env["gpus"] is None, env
     assert (out / "summary.md").is_file()
     has_matplotlib = importlib.util.find_spec("matplotlib") is not None
     for name in CPU_PLOTS:
@@ -643,7 +646,7 @@ def test_torchrun_two_ranks_share_one_gpu_gloo(tmp_path):
     results = _torchrun_two(tmp_path, args, out, timeout=300, **env)
     assert results["environment"]["world_size"] == 2 and results["environment"]["dist_backend"] == "gloo"
     assert any("2 ranks share 1 GPU(s)" in n for n in results["notes"]), results["notes"]
-    assert results["environment"]["ranks_per_gpu"] == 2
+    assert results["environment"]["ranks_per_gpu"] == 2 and results["environment"]["gpus"] == 1
     assert "x1 (2 ranks on each GPU)" in (out / "summary.md").read_text()
     for name in ("stock", "torchext"):
         m = results["seeds"][0]["models"][name]

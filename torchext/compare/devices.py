@@ -59,7 +59,7 @@ def _dist_backend(config: CompareConfig, device: torch.device) -> str:
     return backend
 
 
-def _resolve_device(device: torch.device, dist: _Dist, backend: str = "nccl") -> torch.device:
+def _resolve_device(device: torch.device, dist: _Dist, backend: str) -> torch.device:
     """The device this rank runs on: ``cuda:LOCAL_RANK`` under torchrun (``LOCAL_RANK % GPUs`` with gloo, which lets
     ranks share a GPU; NCCL refuses two ranks on one), the current device for a bare 'cuda'."""
     if device.type == "cuda":
@@ -68,10 +68,11 @@ def _resolve_device(device: torch.device, dist: _Dist, backend: str = "nccl") ->
             if dist.local_rank >= count and backend != "gloo":
                 raise CompareError(
                     f"torchrun started local rank {dist.local_rank} but only {count} CUDA device(s) are visible: "
-                    "NCCL needs a GPU per rank. Start as many ranks per node as GPUs, or pass --dist-backend gloo "
-                    "to let ranks share GPUs (DDP's arithmetic, for its accuracy: the times are not DDP's speed)"
+                    "NCCL (--dist-backend's default on CUDA) needs a GPU per rank. Start at most as many ranks per "
+                    "node as GPUs, or pass --dist-backend gloo to let ranks share GPUs (DDP's arithmetic, for its "
+                    "accuracy: the times are not DDP's speed)"
                 )
-            device = torch.device("cuda", dist.local_rank % count if count else dist.local_rank)
+            device = torch.device("cuda", dist.local_rank % count)  # count > 0: _requested_device checked
         elif device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         if device.index >= count:
@@ -118,12 +119,19 @@ def _train_shard(t: torch.Tensor, dist: _Dist) -> torch.Tensor:
     return t[dist.rank * b : (dist.rank + 1) * b]
 
 
-def _ranks_per_gpu(device: torch.device, dist: _Dist) -> int | None:
-    """How many of this node's ranks share each GPU (more than 1 only with gloo: _resolve_device); None off CUDA."""
+def _gpu_sharing(device: torch.device, dist: _Dist) -> tuple[int | None, int | None]:
+    """(GPUs in the run, most ranks on one GPU), from every rank's GPU UUID (gathered over the process group, so it
+    holds across nodes and whatever CUDA_VISIBLE_DEVICES each rank sees); (None, None) off CUDA."""
+    key = str(getattr(torch.cuda.get_device_properties(device), "uuid", device)) if device.type == "cuda" else "cpu"
+    keys = [key]
+    if dist.world > 1:
+        import torch.distributed as tdist
+
+        keys = [None] * dist.world
+        tdist.all_gather_object(keys, key)
     if device.type != "cuda":
-        return None
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", dist.world))
-    return max(1, -(-local_world // torch.cuda.device_count()))
+        return None, None
+    return len(set(keys)), max(keys.count(k) for k in set(keys))
 
 
 def _environment(device: torch.device, dist: _Dist, backend: str | None = None) -> dict:
@@ -131,6 +139,7 @@ def _environment(device: torch.device, dist: _Dist, backend: str | None = None) 
 
     from .._loader import built_with_cuda
 
+    gpus, ranks_per_gpu = _gpu_sharing(device, dist)
     env = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
@@ -143,7 +152,8 @@ def _environment(device: torch.device, dist: _Dist, backend: str | None = None) 
         "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "world_size": dist.world,
-        "ranks_per_gpu": _ranks_per_gpu(device, dist),
+        "gpus": gpus,
+        "ranks_per_gpu": ranks_per_gpu,
         "dist_backend": backend if dist.world > 1 else None,
         "cpu_threads": torch.get_num_threads(),
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,

@@ -322,10 +322,14 @@ def _busy_text(b: dict) -> str:
 
 
 def _devices_text(env: dict) -> str:
-    """'NVIDIA H200 x2', or 'NVIDIA H200 x1 (2 ranks on each GPU)' where gloo ranks share the GPUs."""
+    """'NVIDIA H200 x2', or 'NVIDIA H200 x1 (2 ranks on each GPU)' where gloo ranks share the GPUs ('at most N' where
+    they do not split evenly). Runs recorded before the ``gpus`` field count ranks."""
     world, per = env["world_size"], env.get("ranks_per_gpu") or 1
-    text = f"{env.get('gpu') or env['device']} x{max(1, world // per)}"
-    return text + (f" ({per} ranks on each GPU)" if per > 1 else "")
+    text = f"{env.get('gpu') or env['device']} x{env.get('gpus') or world}"
+    if per > 1:
+        even = env.get("gpus") is None or env["gpus"] * per == world
+        text += f" ({'' if even else 'at most '}{per} ranks on each GPU)"
+    return text
 
 
 def _timed_text(timed: str) -> str:

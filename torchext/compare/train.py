@@ -404,13 +404,14 @@ def _run(cfg: CompareConfig, config: CompareConfig, device, dist: _Dist, notes: 
     }
     if dist.world > 1:
         notes.append(
-            f"DistributedDataParallel over {dist.world} ranks: each trains on 1/{dist.world} of every global batch "
-            f"of {cfg.batch_size}; batch-norm statistics are computed per rank ({backend} process group)"
+            f"DistributedDataParallel over {dist.world} ranks ({backend} process group): each trains on "
+            f"1/{dist.world} of every global batch of {cfg.batch_size}; batch-norm statistics are computed per rank"
         )
-        if device.type == "cuda" and dist.world > torch.cuda.device_count():
+        env = results["environment"]
+        if (env["ranks_per_gpu"] or 1) > 1:
             notes.append(
-                f"{dist.world} ranks share {torch.cuda.device_count()} GPU(s) (--dist-backend gloo): the accuracies "
-                "are DDP's, the epoch times and the GPU busy fraction are not DDP's speed"
+                f"{dist.world} ranks share {env['gpus']} GPU(s) (--dist-backend gloo): the accuracies are DDP's, "
+                "the epoch times and the GPU busy fraction are not DDP's speed"
             )
     if log:
         print(f"torchext-compare: {cfg.model} on {device} x{dist.world}; {data.describe()}", flush=True)
