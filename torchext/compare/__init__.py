@@ -52,7 +52,8 @@ pool``) that makes ``torchext.memory``'s pool PyTorch's CUDA allocator before CU
 own statistics to the results; it needs a CUDA device.
 
 Under ``torchrun --nproc_per_node=N`` (``WORLD_SIZE`` > 1) both models are wrapped in ``DistributedDataParallel``
-(NCCL on CUDA, gloo on the CPU): every rank iterates the same global batches of ``--batch-size`` images and trains
+(NCCL on CUDA, gloo on the CPU; ``--dist-backend gloo`` on CUDA lets ranks share GPUs, to check DDP's accuracy on
+fewer GPUs than ranks, not its speed): every rank iterates the same global batches of ``--batch-size`` images and trains
 on its 1/N slice, so the global batch and the data order are those of a single-GPU run (batch norm statistics are
 per rank, as in plain DDP). Losses, accuracies and confusion matrices are summed over ranks, epoch times are the
 slowest rank's, memory peaks the largest rank's; rank 0 writes the outputs.
