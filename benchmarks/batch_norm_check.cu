@@ -82,15 +82,10 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int j = 0; j < kUnit; ++j) s0[j] = s1[j] = 0.f;
   if (t.active()) {
-    if constexpr (BWD) {
+    T k[kUnit];  // the reference the library's kernels subtract: the backward's mean, the forward's first row
+    if (!BWD) load8(in.x + t.c0, k);
 #pragma unroll
-      for (int j = 0; j < kUnit; ++j) ref[j] = in.mean[t.c0 + j];
-    } else {
-      T k[kUnit];
-      load8(in.x + t.c0, k);
-#pragma unroll
-      for (int j = 0; j < kUnit; ++j) ref[j] = to_acc<T>(k[j]);
-    }
+    for (int j = 0; j < kUnit; ++j) ref[j] = BWD ? in.mean[t.c0 + j] : to_acc<T>(k[j]);
     for (int32_t s0row = chunk * slab; s0row < rows; s0row += chunks * slab) {
       int32_t row = s0row + ty;
       if (s0row + slab <= rows) {
@@ -102,28 +97,26 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
   }
-  const int slot = (ty * bx + tx) * kUnit;
+  // the block's rows: ty 0 adds the others' sums in order (not the library's tree: the combine is a small part of the
+  // pass, and this kernel is a timing experiment)
 #pragma unroll
   for (int j = 0; j < kUnit; ++j) {
-    sh[0][slot + j] = s0[j];
-    sh[1][slot + j] = s1[j];
+    sh[0][(ty * bx + tx) * kUnit + j] = s0[j];
+    sh[1][(ty * bx + tx) * kUnit + j] = s1[j];
   }
-  for (int half = by / 2; half > 0; half /= 2) {
-    __syncthreads();
-    if (ty < half) {
-      const int other = ((ty + half) * bx + tx) * kUnit;
+  __syncthreads();
+  if (ty == 0 && t.active()) {
+    for (int r = 1; r < by; ++r) {
 #pragma unroll
       for (int j = 0; j < kUnit; ++j) {
-        sh[0][slot + j] += sh[0][other + j];
-        sh[1][slot + j] += sh[1][other + j];
+        s0[j] += sh[0][(r * bx + tx) * kUnit + j];
+        s1[j] += sh[1][(r * bx + tx) * kUnit + j];
       }
     }
-  }
-  if (ty == 0 && t.active()) {
 #pragma unroll
     for (int j = 0; j < kUnit; ++j) {
-      partial[chunk * C + t.c0 + j] = sh[0][tx * kUnit + j];
-      partial[(chunks + chunk) * C + t.c0 + j] = sh[1][tx * kUnit + j];
+      partial[chunk * C + t.c0 + j] = s0[j];
+      partial[(chunks + chunk) * C + t.c0 + j] = s1[j];
     }
   }
 }
@@ -238,29 +231,36 @@ int main() {
     fa.y = y;
     fa.save_mean = save_mean;
     fa.save_invstd = save_invstd;
+    // the reduction's inputs (the backward's mask and mean too), and the largest error of the means that the
+    // finalize makes of a forward reduction's partials, against the float64 host reference
+    auto reduce_in = [&](bool bwd) {
+      ReduceIn<T> in;
+      in.x = x;
+      if (bwd) {
+        in.dy = g;
+        in.mask = mask;
+        in.mean = mean;
+      }
+      return in;
+    };
+    auto mean_error = [&](const std::function<void()>& reduce, int64_t chunks) {
+      reduce();
+      launch_finalize<4, 64>(fa, partial, chunks, chan);
+      std::vector<float> hmean(C);
+      CK(cudaMemcpy(hmean.data(), save_mean, C * sizeof(float), cudaMemcpyDeviceToHost));
+      double err = 0;
+      for (int64_t c = 0; c < C; ++c) err = std::max(err, std::fabs(hmean[c] - ref[c]));
+      return err;
+    };
     std::printf("| pass | target blocks | config | chunks | us | GB/s | max mean err |\n|---|---|---|---|---|---|---|\n");
     for (int bwd = 0; bwd < 2; ++bwd) {
       for (int64_t target : {264, 396, 528, 792, 1056, 1584}) {
         for (int k = 0; k < int(sizeof(kConfigs) / sizeof(kConfigs[0])); ++k) {
-          const int64_t items = 4;
-          const RowsPlan p = rows_plan(rows, C, true, target, items);
-          ReduceIn<T> in;
-          in.x = x;
-          if (bwd) {
-            in.dy = g;
-            in.mask = mask;
-            in.mean = mean;
-          }
+          const RowsPlan p = rows_plan(rows, C, true, target, 4);
+          const ReduceIn<T> in = reduce_in(bwd);
           auto run = [&] { reduce_config(k, in, rows, C, p, bwd, partial); };
           const float t = median_us(run);
-          double err = 0;
-          if (!bwd) {
-            run();
-            launch_finalize<8, 32>(fa, partial, p.chunks, chan);
-            std::vector<float> hmean(C);
-            CK(cudaMemcpy(hmean.data(), save_mean, C * sizeof(float), cudaMemcpyDeviceToHost));
-            for (int64_t c = 0; c < C; ++c) err = std::max(err, std::fabs(hmean[c] - ref[c]));
-          }
+          const double err = bwd ? 0.0 : mean_error(run, p.chunks);
           std::printf("| %s reduce | %lld | ILP %d MINB %d | %lld | %.1f | %.0f | %.2e |\n", bwd ? "bwd" : "fwd",
                       (long long)target, kConfigs[k][0], kConfigs[k][1], (long long)p.chunks, t,
                       (bwd ? 2 : 1) * mb / t * 1e3, err);
@@ -274,13 +274,7 @@ int main() {
       for (int64_t target : {132, 264, 396, 528, 1056}) {
         for (int ilp : {4, 8}) {
           const RowsPlan p = rows_plan(rows, C, true, target, 4);
-          ReduceIn<T> in;
-          in.x = x;
-          if (bwd) {
-            in.dy = g;
-            in.mask = mask;
-            in.mean = mean;
-          }
+          const ReduceIn<T> in = reduce_in(bwd);
           auto contiguous = [&] { reduce_config(ilp == 4 ? 1 : 6, in, rows, C, p, bwd, partial); };
           auto strided = [&] {
             if (ilp == 4) launch_strided<4>(in, rows, C, p, bwd, partial);
@@ -289,14 +283,7 @@ int main() {
           for (int order = 0; order < 2; ++order) {
             const std::function<void()> run = order ? std::function<void()>(strided) : contiguous;
             const float t = median_us(run);
-            double err = 0;
-            if (!bwd) {
-              run();
-              launch_finalize<4, 64>(fa, partial, p.chunks, chan);
-              std::vector<float> hmean(C);
-              CK(cudaMemcpy(hmean.data(), save_mean, C * sizeof(float), cudaMemcpyDeviceToHost));
-              for (int64_t c = 0; c < C; ++c) err = std::max(err, std::fabs(hmean[c] - ref[c]));
-            }
+            const double err = bwd ? 0.0 : mean_error(run, p.chunks);
             std::printf("| %s reduce | %s | %lld | %d | %lld | %.1f | %.0f | %.2e |\n", bwd ? "bwd" : "fwd",
                         order ? "strided" : "contiguous", (long long)target, ilp, (long long)p.chunks, t,
                         (bwd ? 2 : 1) * mb / t * 1e3, err);
