@@ -4,6 +4,7 @@ in results.json."""
 
 from __future__ import annotations
 
+import collections
 import datetime
 import os
 import platform
@@ -131,10 +132,11 @@ def _gpu_sharing(device: torch.device, dist: _Dist) -> tuple[int | None, int | N
         tdist.all_gather_object(keys, key)
     if device.type != "cuda":
         return None, None
-    return len(set(keys)), max(keys.count(k) for k in set(keys))
+    ranks_on = collections.Counter(keys)
+    return len(ranks_on), max(ranks_on.values())
 
 
-def _environment(device: torch.device, dist: _Dist, backend: str | None = None) -> dict:
+def _environment(device: torch.device, dist: _Dist, backend: str) -> dict:
     import torchext
 
     from .._loader import built_with_cuda

@@ -323,12 +323,12 @@ def _busy_text(b: dict) -> str:
 
 def _devices_text(env: dict) -> str:
     """'NVIDIA H200 x2', or 'NVIDIA H200 x1 (2 ranks on each GPU)' where gloo ranks share the GPUs ('at most N' where
-    they do not split evenly). Runs recorded before the ``gpus`` field count ranks."""
+    they do not split evenly). Runs recorded before the ``gpus`` field: world_size / ranks_per_gpu GPUs."""
     world, per = env["world_size"], env.get("ranks_per_gpu") or 1
-    text = f"{env.get('gpu') or env['device']} x{env.get('gpus') or world}"
+    gpus = env.get("gpus") or max(1, world // per)
+    text = f"{env.get('gpu') or env['device']} x{gpus}"
     if per > 1:
-        even = env.get("gpus") is None or env["gpus"] * per == world
-        text += f" ({'' if even else 'at most '}{per} ranks on each GPU)"
+        text += f" ({'' if gpus * per == world else 'at most '}{per} ranks on each GPU)"
     return text
 
 
