@@ -8,14 +8,19 @@
 //
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I cuda_ops \
 //        benchmarks/batch_norm_check.cu cuda_ops/common.cu -o /tmp/batch_norm_check && /tmp/batch_norm_check
-#include "../cuda_ops/batch_norm.cu"  // the anonymous namespace's kernels and plans
-
+//
+// With --profile it runs only, once each at the two large shapes, the plain read and both reductions in both row
+// orders (264 blocks, ILP 4), for ncu:
+//   ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats /tmp/batch_norm_check
+//   --profile
 #include <cmath>
 #include <cstdio>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "../cuda_ops/batch_norm.cu"  // the anonymous namespace's kernels and plans
 #include "cuda_check.h"
 
 using namespace torchext::cuda_ops;
@@ -135,8 +140,7 @@ void launch_strided(const ReduceIn<T>& in, int64_t rows, int64_t C, const RowsPl
 constexpr int kConfigs[][2] = {{4, 1}, {4, 2}, {4, 3}, {2, 3}, {2, 4}, {8, 1}, {8, 2}};
 
 template <int I = 0>
-void reduce_config(int k, const ReduceIn<T>& in, int64_t rows, int64_t C, const RowsPlan& p, bool bwd,
-                   float* partial) {
+void reduce_config(int k, const ReduceIn<T>& in, int64_t rows, int64_t C, const RowsPlan& p, bool bwd, float* partial) {
   if constexpr (I < int(sizeof(kConfigs) / sizeof(kConfigs[0]))) {
     if (k == I) return launch_reduce_plan<kConfigs[I][0], kConfigs[I][1]>(in, rows, C, p, bwd, partial);
     reduce_config<I + 1>(k, in, rows, C, p, bwd, partial);
@@ -144,16 +148,16 @@ void reduce_config(int k, const ReduceIn<T>& in, int64_t rows, int64_t C, const 
 }
 
 template <int I = 0>
-void elementwise_config(int k, bool bwd, const T* x, const T* g, T* y, uint8_t* mask, const float* chan,
-                        int64_t rows, int64_t C, const RowsPlan& p) {
+void elementwise_config(int k, bool bwd, const T* x, const T* g, T* y, uint8_t* mask, const float* chan, int64_t rows,
+                        int64_t C, const RowsPlan& p) {
   if constexpr (I < int(sizeof(kConfigs) / sizeof(kConfigs[0]))) {
     if (k == I) {
       const dim3 grid(unsigned(p.col_blocks), unsigned(p.chunks)), block(p.bx, p.by);
       constexpr int ILP = kConfigs[I][0], MINB = kConfigs[I][1];
       if (bwd) {
-        backward_rows_vec_kernel<__nv_bfloat16, int32_t, ILP, MINB><<<grid, block>>>(
-            g, x, mask, y, nullptr, chan, int32_t(rows), int32_t(C), int32_t(p.rows_per_chunk),
-            BackwardFlags{true, true, false, true});
+        backward_rows_vec_kernel<__nv_bfloat16, int32_t, ILP, MINB>
+            <<<grid, block>>>(g, x, mask, y, nullptr, chan, int32_t(rows), int32_t(C), int32_t(p.rows_per_chunk),
+                              BackwardFlags{true, true, false, true});
       } else {
         normalize_rows_vec_kernel<__nv_bfloat16, false, int32_t, ILP, MINB>
             <<<grid, block>>>(x, nullptr, y, mask, chan, int32_t(rows), int32_t(C), int32_t(p.rows_per_chunk), true);
@@ -174,7 +178,8 @@ void launch_finalize(const BatchNormForwardArgs<T, float>& args, const float* pa
 
 using namespace bn_check;
 
-int main() {
+int main(int argc, char** argv) {
+  const bool profile = argc > 1 && std::string(argv[1]) == "--profile";
   int dev = 0;
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, dev));
@@ -184,6 +189,7 @@ int main() {
   const int64_t shapes[][2] = {{512 * 32 * 32, 64}, {512 * 16 * 16, 128}, {512 * 8 * 8, 256}, {512 * 4 * 4, 512}};
   std::mt19937 rng(0);
   for (auto& sh : shapes) {
+    if (profile && sh[1] > 128) break;
     const int64_t rows = sh[0], C = sh[1], E = rows * C;
     std::vector<T> hx(E), hg(E);
     std::vector<uint8_t> hm(E / 8);
@@ -218,12 +224,14 @@ int main() {
 
     const double mb = double(E) * sizeof(T) / 1e6;
     std::printf("## %lld x %lld (one tensor %.1f MB)\n\n", (long long)rows, (long long)C, mb);
-    const float t_read = median_us([&] {
-      read_sum_kernel<<<prop.multiProcessorCount * 8, 256>>>(reinterpret_cast<const uint4*>(x), E * 2 / 16, out);
-    });
-    const float t_copy = median_us([&] { CK(cudaMemcpyAsync(y, x, E * sizeof(T), cudaMemcpyDeviceToDevice)); });
-    std::printf("read one tensor: %.1f us (%.0f GB/s); copy one tensor: %.1f us (%.0f GB/s moved)\n\n", t_read,
-                mb / t_read * 1e3, t_copy, 2 * mb / t_copy * 1e3);
+    if (!profile) {
+      const float t_read = median_us([&] {
+        read_sum_kernel<<<prop.multiProcessorCount * 8, 256>>>(reinterpret_cast<const uint4*>(x), E * 2 / 16, out);
+      });
+      const float t_copy = median_us([&] { CK(cudaMemcpyAsync(y, x, E * sizeof(T), cudaMemcpyDeviceToDevice)); });
+      std::printf("read one tensor: %.1f us (%.0f GB/s); copy one tensor: %.1f us (%.0f GB/s moved)\n\n", t_read,
+                  mb / t_read * 1e3, t_copy, 2 * mb / t_copy * 1e3);
+    }
 
     BatchNormForwardArgs<T, float> fa;
     fa.shape = {rows, C, 1};
@@ -252,64 +260,81 @@ int main() {
       for (int64_t c = 0; c < C; ++c) err = std::max(err, std::fabs(hmean[c] - ref[c]));
       return err;
     };
-    std::printf("| pass | target blocks | config | chunks | us | GB/s | max mean err |\n|---|---|---|---|---|---|---|\n");
-    for (int bwd = 0; bwd < 2; ++bwd) {
-      for (int64_t target : {264, 396, 528, 792, 1056, 1584}) {
-        for (int k = 0; k < int(sizeof(kConfigs) / sizeof(kConfigs[0])); ++k) {
-          const RowsPlan p = rows_plan(rows, C, true, target, 4);
-          const ReduceIn<T> in = reduce_in(bwd);
-          auto run = [&] { reduce_config(k, in, rows, C, p, bwd, partial); };
-          const float t = median_us(run);
-          const double err = bwd ? 0.0 : mean_error(run, p.chunks);
-          std::printf("| %s reduce | %lld | ILP %d MINB %d | %lld | %.1f | %.0f | %.2e |\n", bwd ? "bwd" : "fwd",
-                      (long long)target, kConfigs[k][0], kConfigs[k][1], (long long)p.chunks, t,
-                      (bwd ? 2 : 1) * mb / t * 1e3, err);
-        }
+    if (profile) {  // one launch of each, for ncu (which flushes the caches between kernels by default)
+      read_sum_kernel<<<prop.multiProcessorCount * 8, 256>>>(reinterpret_cast<const uint4*>(x), E * 2 / 16, out);
+      for (int bwd = 0; bwd < 2; ++bwd) {
+        const RowsPlan p = rows_plan(rows, C, true, 264, 4);
+        const ReduceIn<T> in = reduce_in(bwd);
+        reduce_config(1, in, rows, C, p, bwd, partial);
+        launch_strided<4>(in, rows, C, p, bwd, partial);
       }
+      CK(cudaDeviceSynchronize());
+      std::printf("profiled %lld x %lld\n", (long long)rows, (long long)C);
     }
-    // the strided row order (experiment above) at the same block counts, ILP 4 and 8, register cap 2 blocks per SM
-    std::printf("\n| pass | row order | target blocks | ILP | chunks | us | GB/s | max mean err |\n"
-                "|---|---|---|---|---|---|---|---|\n");
-    for (int bwd = 0; bwd < 2; ++bwd) {
-      for (int64_t target : {132, 264, 396, 528, 1056}) {
-        for (int ilp : {4, 8}) {
-          const RowsPlan p = rows_plan(rows, C, true, target, 4);
-          const ReduceIn<T> in = reduce_in(bwd);
-          auto contiguous = [&] { reduce_config(ilp == 4 ? 1 : 6, in, rows, C, p, bwd, partial); };
-          auto strided = [&] {
-            if (ilp == 4) launch_strided<4>(in, rows, C, p, bwd, partial);
-            else launch_strided<8>(in, rows, C, p, bwd, partial);
-          };
-          for (int order = 0; order < 2; ++order) {
-            const std::function<void()> run = order ? std::function<void()>(strided) : contiguous;
+    if (!profile) {
+      std::printf(
+          "| pass | target blocks | config | chunks | us | GB/s | max mean err |\n|---|---|---|---|---|---|---|\n");
+      for (int bwd = 0; bwd < 2; ++bwd) {
+        for (int64_t target : {264, 396, 528, 792, 1056, 1584}) {
+          for (int k = 0; k < int(sizeof(kConfigs) / sizeof(kConfigs[0])); ++k) {
+            const RowsPlan p = rows_plan(rows, C, true, target, 4);
+            const ReduceIn<T> in = reduce_in(bwd);
+            auto run = [&] { reduce_config(k, in, rows, C, p, bwd, partial); };
             const float t = median_us(run);
             const double err = bwd ? 0.0 : mean_error(run, p.chunks);
-            std::printf("| %s reduce | %s | %lld | %d | %lld | %.1f | %.0f | %.2e |\n", bwd ? "bwd" : "fwd",
-                        order ? "strided" : "contiguous", (long long)target, ilp, (long long)p.chunks, t,
+            std::printf("| %s reduce | %lld | ILP %d MINB %d | %lld | %.1f | %.0f | %.2e |\n", bwd ? "bwd" : "fwd",
+                        (long long)target, kConfigs[k][0], kConfigs[k][1], (long long)p.chunks, t,
                         (bwd ? 2 : 1) * mb / t * 1e3, err);
           }
         }
       }
-    }
-    // the finalize: the current block shape and taller ones, at the default plan's chunk count and at 256
-    for (int64_t chunks : {rows_plan(rows, C, true).chunks, int64_t(256)}) {
-      const float t32x8 = median_us([&] { launch_finalize<32, 8>(fa, partial, chunks, chan); });
-      const float t8x32 = median_us([&] { launch_finalize<8, 32>(fa, partial, chunks, chan); });
-      const float t4x64 = median_us([&] { launch_finalize<4, 64>(fa, partial, chunks, chan); });
-      const float t2x128 = median_us([&] { launch_finalize<2, 128>(fa, partial, chunks, chan); });
-      std::printf("\nfinalize, %lld chunks: 32x8 %.1f us, 8x32 %.1f us, 4x64 %.1f us, 2x128 %.1f us\n",
-                  (long long)chunks, t32x8, t8x32, t4x64, t2x128);
-    }
-    // elementwise passes: rows per thread
-    std::printf("\n| pass | rows/thread | config | chunks | us | GB/s |\n|---|---|---|---|---|---|\n");
-    for (int bwd = 0; bwd < 2; ++bwd) {
-      for (int64_t items : {8, 16, 32}) {
-        for (int k = 0; k < int(sizeof(kConfigs) / sizeof(kConfigs[0])); ++k) {
-          const RowsPlan p = rows_plan(rows, C, false, kTargetBlocks, items);
-          const float t = median_us([&] { elementwise_config(k, bwd, x, g, y, mask, chan, rows, C, p); });
-          std::printf("| %s | %lld | ILP %d MINB %d | %lld | %.1f | %.0f |\n", bwd ? "backward" : "normalize",
-                      (long long)items, kConfigs[k][0], kConfigs[k][1], (long long)p.chunks, t,
-                      ((bwd ? 3 : 2) * mb + mb / 16) / t * 1e3);
+      // the strided row order (experiment above) at the same block counts, ILP 4 and 8, register cap 2 blocks per SM
+      std::printf(
+          "\n| pass | row order | target blocks | ILP | chunks | us | GB/s | max mean err |\n"
+          "|---|---|---|---|---|---|---|---|\n");
+      for (int bwd = 0; bwd < 2; ++bwd) {
+        for (int64_t target : {132, 264, 396, 528, 1056}) {
+          for (int ilp : {4, 8}) {
+            const RowsPlan p = rows_plan(rows, C, true, target, 4);
+            const ReduceIn<T> in = reduce_in(bwd);
+            auto contiguous = [&] { reduce_config(ilp == 4 ? 1 : 6, in, rows, C, p, bwd, partial); };
+            auto strided = [&] {
+              if (ilp == 4)
+                launch_strided<4>(in, rows, C, p, bwd, partial);
+              else
+                launch_strided<8>(in, rows, C, p, bwd, partial);
+            };
+            for (int order = 0; order < 2; ++order) {
+              const std::function<void()> run = order ? std::function<void()>(strided) : contiguous;
+              const float t = median_us(run);
+              const double err = bwd ? 0.0 : mean_error(run, p.chunks);
+              std::printf("| %s reduce | %s | %lld | %d | %lld | %.1f | %.0f | %.2e |\n", bwd ? "bwd" : "fwd",
+                          order ? "strided" : "contiguous", (long long)target, ilp, (long long)p.chunks, t,
+                          (bwd ? 2 : 1) * mb / t * 1e3, err);
+            }
+          }
+        }
+      }
+      // the finalize: the current block shape and taller ones, at the default plan's chunk count and at 256
+      for (int64_t chunks : {rows_plan(rows, C, true).chunks, int64_t(256)}) {
+        const float t32x8 = median_us([&] { launch_finalize<32, 8>(fa, partial, chunks, chan); });
+        const float t8x32 = median_us([&] { launch_finalize<8, 32>(fa, partial, chunks, chan); });
+        const float t4x64 = median_us([&] { launch_finalize<4, 64>(fa, partial, chunks, chan); });
+        const float t2x128 = median_us([&] { launch_finalize<2, 128>(fa, partial, chunks, chan); });
+        std::printf("\nfinalize, %lld chunks: 32x8 %.1f us, 8x32 %.1f us, 4x64 %.1f us, 2x128 %.1f us\n",
+                    (long long)chunks, t32x8, t8x32, t4x64, t2x128);
+      }
+      // elementwise passes: rows per thread
+      std::printf("\n| pass | rows/thread | config | chunks | us | GB/s |\n|---|---|---|---|---|---|\n");
+      for (int bwd = 0; bwd < 2; ++bwd) {
+        for (int64_t items : {8, 16, 32}) {
+          for (int k = 0; k < int(sizeof(kConfigs) / sizeof(kConfigs[0])); ++k) {
+            const RowsPlan p = rows_plan(rows, C, false, kTargetBlocks, items);
+            const float t = median_us([&] { elementwise_config(k, bwd, x, g, y, mask, chan, rows, C, p); });
+            std::printf("| %s | %lld | ILP %d MINB %d | %lld | %.1f | %.0f |\n", bwd ? "backward" : "normalize",
+                        (long long)items, kConfigs[k][0], kConfigs[k][1], (long long)p.chunks, t,
+                        ((bwd ? 3 : 2) * mb + mb / 16) / t * 1e3);
+          }
         }
       }
     }
