@@ -2,17 +2,17 @@
 // one process without torch: the plan knobs of cuda_ops/batch_norm.cu (reduction blocks per pass, loads in flight,
 // rows per thread of the elementwise passes, the finalize's block shape) swept at ResNet-18's BatchNorm shapes
 // (batch 512, bf16). Each time is the median of 15 runs with L2 flushed before each (CUDA events). The statistics are
-// checked against a float64 host reference for every reduction plan. Beside them, an experiment: the reductions with a
-// strided row order (reduce_rows_strided_kernel below; written 2026-11-29, not yet run on a GPU; its backward at ILP
-// 8 spills 390 bytes, as ptxas says for sm_90a).
+// checked against a float64 host reference for every reduction plan. The reductions sweep the tensor with all blocks
+// together (RowsTile::for_rows_swept); the contiguous-chunk order it replaced is measured beside it in
+// benchmarks/results/batch_norm_check_strided_h200.txt (this file at b7d1981).
 //
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I cuda_ops \
 //        benchmarks/batch_norm_check.cu cuda_ops/common.cu -o /tmp/batch_norm_check && /tmp/batch_norm_check
 //
-// With --profile it runs only, once each at the two large shapes, the plain read and both reductions in both row
-// orders (264 blocks, ILP 4), for ncu:
-//   ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats /tmp/batch_norm_check
-//   --profile
+// With --profile it runs only a plain read and the library's two reductions (264 blocks, the library's ILP), once each
+// at the two large shapes, for ncu:
+//   ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats /tmp/batch_norm_check \
+//       --profile
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -66,73 +66,10 @@ void launch_reduce_plan(const ReduceIn<T>& in, int64_t rows, int64_t C, const Ro
   const dim3 grid(unsigned(p.col_blocks), unsigned(p.chunks)), block(p.bx, p.by);
   if (bwd) {
     reduce_rows_vec_kernel<__nv_bfloat16, true, int32_t, ILP, MINB>
-        <<<grid, block>>>(in, int32_t(rows), int32_t(C), int32_t(p.rows_per_chunk), int32_t(p.chunks), partial);
+        <<<grid, block>>>(in, int32_t(rows), int32_t(C), int32_t(p.chunks), partial);
   } else {
     reduce_rows_vec_kernel<__nv_bfloat16, false, int32_t, ILP, MINB>
-        <<<grid, block>>>(in, int32_t(rows), int32_t(C), int32_t(p.rows_per_chunk), int32_t(p.chunks), partial);
-  }
-}
-
-// An experiment beside the library's row order (not in cuda_ops/): the same per-thread sums (reduce_rows_group),
-// but each block takes slabs of by x N rows strided over the whole tensor (slab s to block s % chunks) instead of one
-// contiguous chunk, so that at any moment the blocks read neighbouring slabs. Partials in the library's layout.
-template <bool BWD, int N>
-__global__ void __launch_bounds__(kThreads, 2)
-    reduce_rows_strided_kernel(ReduceIn<T> in, int32_t rows, int32_t C, float* __restrict__ partial) {
-  __shared__ float sh[2][kThreads * kUnit];
-  const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
-  const int32_t chunk = blockIdx.y, chunks = gridDim.y, slab = by * N;
-  const RowsTile<int32_t> t(rows, C, rows, 0);  // only its unit and strides are used
-  float s0[kUnit], s1[kUnit], ref[kUnit];
-#pragma unroll
-  for (int j = 0; j < kUnit; ++j) s0[j] = s1[j] = 0.f;
-  if (t.active()) {
-    T k[kUnit];  // the reference the library's kernels subtract: the backward's mean, the forward's first row
-    if (!BWD) load8(in.x + t.c0, k);
-#pragma unroll
-    for (int j = 0; j < kUnit; ++j) ref[j] = BWD ? in.mean[t.c0 + j] : to_acc<T>(k[j]);
-    for (int32_t s0row = chunk * slab; s0row < rows; s0row += chunks * slab) {
-      int32_t row = s0row + ty;
-      if (s0row + slab <= rows) {
-        reduce_rows_group<T, BWD, N>(in, t, row * C + t.c0, row * t.units + t.u, ref, s0, s1);
-      } else {
-        for (; row < rows; row += by) {
-          reduce_rows_group<T, BWD, 1>(in, t, row * C + t.c0, row * t.units + t.u, ref, s0, s1);
-        }
-      }
-    }
-  }
-  // the block's rows: ty 0 adds the others' sums in order (not the library's tree: the combine is a small part of the
-  // pass, and this kernel is a timing experiment)
-#pragma unroll
-  for (int j = 0; j < kUnit; ++j) {
-    sh[0][(ty * bx + tx) * kUnit + j] = s0[j];
-    sh[1][(ty * bx + tx) * kUnit + j] = s1[j];
-  }
-  __syncthreads();
-  if (ty == 0 && t.active()) {
-    for (int r = 1; r < by; ++r) {
-#pragma unroll
-      for (int j = 0; j < kUnit; ++j) {
-        s0[j] += sh[0][(r * bx + tx) * kUnit + j];
-        s1[j] += sh[1][(r * bx + tx) * kUnit + j];
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kUnit; ++j) {
-      partial[chunk * C + t.c0 + j] = s0[j];
-      partial[(chunks + chunk) * C + t.c0 + j] = s1[j];
-    }
-  }
-}
-
-template <int N>
-void launch_strided(const ReduceIn<T>& in, int64_t rows, int64_t C, const RowsPlan& p, bool bwd, float* partial) {
-  const dim3 grid(unsigned(p.col_blocks), unsigned(p.chunks)), block(p.bx, p.by);
-  if (bwd) {
-    reduce_rows_strided_kernel<true, N><<<grid, block>>>(in, int32_t(rows), int32_t(C), partial);
-  } else {
-    reduce_rows_strided_kernel<false, N><<<grid, block>>>(in, int32_t(rows), int32_t(C), partial);
+        <<<grid, block>>>(in, int32_t(rows), int32_t(C), int32_t(p.chunks), partial);
   }
 }
 
@@ -265,8 +202,14 @@ int main(int argc, char** argv) {
       for (int bwd = 0; bwd < 2; ++bwd) {
         const RowsPlan p = rows_plan(rows, C, true, 264, 4);
         const ReduceIn<T> in = reduce_in(bwd);
-        reduce_config(1, in, rows, C, p, bwd, partial);
-        launch_strided<4>(in, rows, C, p, bwd, partial);
+        const dim3 grid(unsigned(p.col_blocks), unsigned(p.chunks)), block(p.bx, p.by);
+        if (bwd) {
+          reduce_rows_vec_kernel<T, true, int32_t>
+              <<<grid, block>>>(in, int32_t(rows), int32_t(C), int32_t(p.chunks), partial);
+        } else {
+          reduce_rows_vec_kernel<T, false, int32_t>
+              <<<grid, block>>>(in, int32_t(rows), int32_t(C), int32_t(p.chunks), partial);
+        }
       }
       CK(cudaDeviceSynchronize());
       std::printf("profiled %lld x %lld\n", (long long)rows, (long long)C);
@@ -285,33 +228,6 @@ int main(int argc, char** argv) {
             std::printf("| %s reduce | %lld | ILP %d MINB %d | %lld | %.1f | %.0f | %.2e |\n", bwd ? "bwd" : "fwd",
                         (long long)target, kConfigs[k][0], kConfigs[k][1], (long long)p.chunks, t,
                         (bwd ? 2 : 1) * mb / t * 1e3, err);
-          }
-        }
-      }
-      // the strided row order (experiment above) at the same block counts, ILP 4 and 8, register cap 2 blocks per SM
-      std::printf(
-          "\n| pass | row order | target blocks | ILP | chunks | us | GB/s | max mean err |\n"
-          "|---|---|---|---|---|---|---|---|\n");
-      for (int bwd = 0; bwd < 2; ++bwd) {
-        for (int64_t target : {132, 264, 396, 528, 1056}) {
-          for (int ilp : {4, 8}) {
-            const RowsPlan p = rows_plan(rows, C, true, target, 4);
-            const ReduceIn<T> in = reduce_in(bwd);
-            auto contiguous = [&] { reduce_config(ilp == 4 ? 1 : 6, in, rows, C, p, bwd, partial); };
-            auto strided = [&] {
-              if (ilp == 4)
-                launch_strided<4>(in, rows, C, p, bwd, partial);
-              else
-                launch_strided<8>(in, rows, C, p, bwd, partial);
-            };
-            for (int order = 0; order < 2; ++order) {
-              const std::function<void()> run = order ? std::function<void()>(strided) : contiguous;
-              const float t = median_us(run);
-              const double err = bwd ? 0.0 : mean_error(run, p.chunks);
-              std::printf("| %s reduce | %s | %lld | %d | %lld | %.1f | %.0f | %.2e |\n", bwd ? "bwd" : "fwd",
-                          order ? "strided" : "contiguous", (long long)target, ilp, (long long)p.chunks, t,
-                          (bwd ? 2 : 1) * mb / t * 1e3, err);
-            }
           }
         }
       }

@@ -65,11 +65,15 @@ constexpr int kIlp = 4;                  // units in flight per thread (flat and
 constexpr int64_t kTargetBlocks = 1024;  // planes reduction blocks per pass: a full wave on 132 SMs at 8 blocks each
 // rows x C kernels (benchmarks/batch_norm_check.cu sweeps these on the GPU; H200 figures in docs/batch_norm.md):
 // rows in flight per thread (the reductions' forward and backward, the elementwise passes), the blocks per
-// multiprocessor their registers are capped for, and the reduction's blocks per pass. Few long blocks win: at 1024
-// blocks of 4 rows a thread, the block's fixed cost (the shared-memory tree, the partials, the finalize's work per
-// chunk) cost the forward statistics 44 us instead of 31 at 512x64x32x32 bf16 on an H200. A constant, never the
-// GPU's SM count, so the sums' order and bits are the same on every GPU.
-constexpr int kReduceIlpFwd = 4, kReduceIlpBwd = 4, kElemIlp = 4;
+// multiprocessor their registers are capped for, and the reduction's blocks per pass. The reductions sweep the
+// tensor with all blocks together (RowsTile::for_rows_swept): at 512x64x32x32 bf16 on an H200 the forward statistics
+// took 27-29 us from 264 to 1056 blocks, where each block's own contiguous chunk took 31 at 264 and 41 at 1056 (CUDA
+// events). 264: a constant, never the GPU's SM count, so the sums' order and bits are the same on every GPU. Half
+// types' forward reads 8 rows at a time there (26.7 us against 28.7 at 4; the backward's 8 spill); float and double
+// keep 4 (not measured at 8).
+constexpr int kReduceIlpBwd = 4, kElemIlp = 4;
+template <typename T>
+constexpr int kReduceIlpFwd = sizeof(T) == 2 ? 8 : 4;
 template <typename T>
 constexpr int kRowsMinBlocks = sizeof(T) == 8 ? 1 : 2;  // double's 64-byte units would spill at 2
 template <typename T>
@@ -237,6 +241,24 @@ struct RowsTile {
     }
     for (; row < r1; row += by, e += stride, m += mstride) body(std::integral_constant<int, 1>{}, e, m);
   }
+
+  // The reductions' order: the rows in slabs of N x blockDim.y, slab s to chunk s % chunks, so that the blocks sweep
+  // the tensor together from its first row to its last instead of each streaming its own contiguous chunk. On an H200
+  // this read 2-5 us faster per pass at ResNet-18's shapes (benchmarks/results/batch_norm_check_strided_h200.txt), and
+  // the rows read last are the tensor's last, where the elementwise passes (reverse chunk order) start: still in L2.
+  // body as in for_rows; a last, partial slab one row at a time.
+  template <int N, typename Body>
+  __device__ __forceinline__ void for_rows_swept(I rows, I chunk, I chunks, Body&& body) const {
+    const I by = I(blockDim.y), slab = I(N) * by;
+    for (I first = chunk * slab; first < rows; first += chunks * slab) {
+      I row = first + I(threadIdx.y);
+      if (first + slab <= rows) {
+        body(std::integral_constant<int, N>{}, row * C + c0, row * units + u);
+      } else {
+        for (; row < rows; row += by) body(std::integral_constant<int, 1>{}, row * C + c0, row * units + u);
+      }
+    }
+  }
 };
 
 template <typename T>
@@ -282,16 +304,17 @@ __device__ __forceinline__ void reduce_rows_group(const ReduceIn<T>& in, const R
   }
 }
 
-// rows x C: each thread sums its unit over its rows of the chunk (RowsTile), N rows at a time; the block's rows are
-// combined by a fixed tree over ty.
-template <typename T, bool BWD, typename I, int N = BWD ? kReduceIlpBwd : kReduceIlpFwd, int MINB = kRowsMinBlocks<T>>
+// rows x C: each thread sums its unit over its rows of the chunk (RowsTile::for_rows_swept), N rows at a time; the
+// block's rows are combined by a fixed tree over ty.
+template <typename T, bool BWD, typename I, int N = BWD ? kReduceIlpBwd : kReduceIlpFwd<T>,
+          int MINB = kRowsMinBlocks<T>>
 __global__ void __launch_bounds__(kThreads, MINB)
-    reduce_rows_vec_kernel(ReduceIn<T> in, I rows, I C, I rows_per_chunk, I chunks, acc_t<T>* __restrict__ partial) {
+    reduce_rows_vec_kernel(ReduceIn<T> in, I rows, I C, I chunks, acc_t<T>* __restrict__ partial) {
   using A = acc_t<T>;
   __shared__ A sh[2][kThreads * kUnit];
   const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
   const I chunk = blockIdx.y;
-  const RowsTile<I> t(rows, C, rows_per_chunk, chunk);
+  const RowsTile<I> t(rows, C, rows, 0);  // its unit and strides; the rows are for_rows_swept's
   A s0[kUnit], s1[kUnit];
 #pragma unroll
   for (int j = 0; j < kUnit; ++j) s0[j] = s1[j] = A(0);
@@ -306,8 +329,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
 #pragma unroll
       for (int j = 0; j < kUnit; ++j) ref[j] = to_acc<T>(k[j]);
     }
-    t.template for_rows<N>(
-        [&](auto n, I e, I m) { reduce_rows_group<T, BWD, decltype(n)::value>(in, t, e, m, ref, s0, s1); });
+    t.template for_rows_swept<N>(rows, chunk, chunks, [&](auto n, I e, I m) {
+      reduce_rows_group<T, BWD, decltype(n)::value>(in, t, e, m, ref, s0, s1);
+    });
   }
   // The block's rows, combined by a fixed tree over ty.
   const int slot = (ty * bx + tx) * kUnit;
@@ -854,11 +878,11 @@ cudaError_t launch_reduce(Path path, const ReduceIn<T>& in, const BatchNormShape
     const dim3 grid(static_cast<unsigned>(p.col_blocks), static_cast<unsigned>(p.chunks)), block(p.bx, p.by);
     with_index_type(s, [&](auto index) {
       using I = decltype(index);
-      const I rows = I(s.a), c = I(s.c), rpc = I(p.rows_per_chunk), chunks = I(p.chunks);
+      const I rows = I(s.a), c = I(s.c), chunks = I(p.chunks);
       if (bwd) {
-        reduce_rows_vec_kernel<T, true, I><<<grid, block, 0, stream>>>(in, rows, c, rpc, chunks, partial);
+        reduce_rows_vec_kernel<T, true, I><<<grid, block, 0, stream>>>(in, rows, c, chunks, partial);
       } else {
-        reduce_rows_vec_kernel<T, false, I><<<grid, block, 0, stream>>>(in, rows, c, rpc, chunks, partial);
+        reduce_rows_vec_kernel<T, false, I><<<grid, block, 0, stream>>>(in, rows, c, chunks, partial);
       }
     });
   } else {

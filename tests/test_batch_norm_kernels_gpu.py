@@ -204,6 +204,15 @@ def test_batch_norm_variant(shape, variant, dtype, layout):
             _check(shape, variant, dtype, layout, kind, training)
 
 
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=_name)
+def test_batch_norm_rows_reduction_sweeps_past_one_slab_per_block(dtype):
+    """The rows x C reductions give slab s of blockDim.y x N rows to block s % 264: 589815 rows of 8 channels are
+    287 forward slabs in bf16 (2048 rows; 575 of 1024 in float32, the backward's), so some blocks sum two or three
+    full slabs and one of them a last, partial slab after its full one, a walk no shape above reaches."""
+    for kind in ("plain", "add_relu"):
+        _check((9, 8, 255, 257), "vectorized", dtype, "nhwc", kind, True)
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_batch_norm_empty_batch(variant, layout):
