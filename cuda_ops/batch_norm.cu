@@ -27,12 +27,13 @@
 //               Any shape, any alignment.
 //   vectorized  16-byte loads and stores. rows x C (C % 8 == 0): 2-D blocks, threadIdx.x over 8-channel units of a row
 //               (the thread's channels' coefficients in registers) and threadIdx.y over rows, 4 rows in flight per
-//               thread; the block's rows combined by a fixed shared-memory tree. Written for occupancy, which is what
-//               keeps enough bytes in flight: 32-bit offsets where the tensor allows, the residual a template
-//               parameter, registers capped for 2 blocks per SM (3 for half types' normalize), and 264 long
-//               reduction blocks per pass (2 per SM on an H200 and H100) rather than 1024 short ones; the finalize's
-//               block is 4 channels x 64 rows of chunks. planes (B % 8 == 0): 8 elements of one plane per load, one
-//               channel per unit.
+//               thread (8 in half types' forward statistics). The reductions: 264 long blocks per pass (2 per SM on
+//               an H200 and H100) that sweep the tensor together (RowsTile::for_rows_swept), each block's rows
+//               combined by a fixed tree (sums in registers, exchanged through shared memory). Written for occupancy,
+//               which is what keeps enough bytes in flight: 32-bit offsets where the tensor allows, the residual a
+//               template parameter, registers capped for 2 blocks per SM (3 for half types' normalize); the
+//               finalize's block is 4 channels x 64 rows of chunks. planes (B % 8 == 0): 8 elements of one plane per
+//               load, one channel per unit.
 //   fused       vectorized's arguments; on rows x C its own kernels (the rest runs vectorized's). The finalize folded
 //               into the reductions: each block writes its partial sums, and the last block of each group of 32
 //               chunks (then the last group) adds them in chunk (group) order, found with integer counters zeroed by a
@@ -67,10 +68,10 @@ constexpr int64_t kTargetBlocks = 1024;  // planes reduction blocks per pass: a 
 // rows in flight per thread (the reductions' forward and backward, the elementwise passes), the blocks per
 // multiprocessor their registers are capped for, and the reduction's blocks per pass. The reductions sweep the
 // tensor with all blocks together (RowsTile::for_rows_swept): at 512x64x32x32 bf16 on an H200 the forward statistics
-// took 27-29 us from 264 to 1056 blocks, where each block's own contiguous chunk took 31 at 264 and 41 at 1056 (CUDA
-// events). 264: a constant, never the GPU's SM count, so the sums' order and bits are the same on every GPU. Half
-// types' forward reads 8 rows at a time there (26.7 us against 28.7 at 4; the backward's 8 spill); float and double
-// keep 4 (not measured at 8).
+// took 27-29 us from 264 to 1056 blocks at 4 rows a group (27-30 at 8), where each block's own contiguous chunk took
+// 31 at 264 and 41 at 1056 (CUDA events). 264: a constant, never the GPU's SM count, so the sums' order and bits are
+// the same on every GPU. Half types' forward reads 8 rows at a time there (26.7 us against 28.7 at 4; the backward's 8
+// spill); float and double keep 4 (not measured at 8).
 constexpr int kReduceIlpBwd = 4, kElemIlp = 4;
 template <typename T>
 constexpr int kReduceIlpFwd = sizeof(T) == 2 ? 8 : 4;
@@ -210,8 +211,9 @@ int64_t reduce_chunks(Path path, const BatchNormShape& s) {
 // partial[chunk C + c] holds s0, partial[(chunks + chunk) C + c] s1.
 
 // One thread's rows in the rows x C kernels (grid (column blocks, chunks), block (bx, by)): unit u = column block bx
-// + tx (channels c0 .. c0 + 7) of the chunk's rows ty, ty + by, ... I: the index type (int32_t where the tensor fits,
-// which saves registers: occupancy is what keeps enough loads in flight).
+// + tx (channels c0 .. c0 + 7) of the rows ty, ty + by, ... of the chunk (for_rows: the elementwise passes) or of
+// the block's slabs (for_rows_swept: the reductions). I: the index type (int32_t where the tensor fits, which saves
+// registers: occupancy is what keeps enough loads in flight).
 template <typename I>
 struct RowsTile {
   I C, units, u, c0, r0, r1, stride, mstride;  // stride, mstride: elements and mask bytes between a thread's rows

@@ -206,9 +206,10 @@ def test_batch_norm_variant(shape, variant, dtype, layout):
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=_name)
 def test_batch_norm_rows_reduction_sweeps_past_one_slab_per_block(dtype):
-    """The rows x C reductions give slab s of blockDim.y x N rows to block s % 264: 589815 rows of 8 channels are
-    287 forward slabs in bf16 (2048 rows; 575 of 1024 in float32, the backward's), so some blocks sum two or three
-    full slabs and one of them a last, partial slab after its full one, a walk no shape above reaches."""
+    """The rows x C reductions give slab s of blockDim.y x N rows to block s % 264. 589815 rows of 8 channels (256 rows
+    a block) are 287 full slabs of 2048 rows and a partial one of 2039 in bf16's forward (blocks sum one or two; block
+    23 a full one, then the partial), and 575 of 1024 and one of 1015 in float32 and in every backward (blocks sum two
+    or three; block 47 two full ones, then the partial): walks no shape above reaches (one slab a block at most)."""
     for kind in ("plain", "add_relu"):
         _check((9, 8, 255, 257), "vectorized", dtype, "nhwc", kind, True)
 
