@@ -9,8 +9,8 @@
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I cuda_ops \
 //        benchmarks/batch_norm_check.cu cuda_ops/common.cu -o /tmp/batch_norm_check && /tmp/batch_norm_check
 //
-// With --profile it runs only a plain read and the library's two reductions (264 blocks, the library's ILP), once each
-// at the two large shapes, for ncu:
+// With --profile it runs only a plain read and the library's two reductions (its launcher and plan), once each at the
+// two large shapes, for ncu:
 //   ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats /tmp/batch_norm_check \
 //       --profile
 #include <cmath>
@@ -199,22 +199,13 @@ int main(int argc, char** argv) {
     };
     if (profile) {  // one launch of each, for ncu (which flushes the caches between kernels by default)
       read_sum_kernel<<<prop.multiProcessorCount * 8, 256>>>(reinterpret_cast<const uint4*>(x), E * 2 / 16, out);
-      for (int bwd = 0; bwd < 2; ++bwd) {
-        const RowsPlan p = rows_plan(rows, C, true, 264, 4);
-        const ReduceIn<T> in = reduce_in(bwd);
-        const dim3 grid(unsigned(p.col_blocks), unsigned(p.chunks)), block(p.bx, p.by);
-        if (bwd) {
-          reduce_rows_vec_kernel<T, true, int32_t>
-              <<<grid, block>>>(in, int32_t(rows), int32_t(C), int32_t(p.chunks), partial);
-        } else {
-          reduce_rows_vec_kernel<T, false, int32_t>
-              <<<grid, block>>>(in, int32_t(rows), int32_t(C), int32_t(p.chunks), partial);
-        }
+      for (int bwd = 0; bwd < 2; ++bwd) {  // the library's own launcher and plan
+        CK(launch_reduce<T>(Path::rows, reduce_in(bwd), fa.shape, reduce_chunks(Path::rows, fa.shape), bwd, partial,
+                            nullptr));
       }
       CK(cudaDeviceSynchronize());
       std::printf("profiled %lld x %lld\n", (long long)rows, (long long)C);
-    }
-    if (!profile) {
+    } else {
       std::printf(
           "| pass | target blocks | config | chunks | us | GB/s | max mean err |\n|---|---|---|---|---|---|---|\n");
       for (int bwd = 0; bwd < 2; ++bwd) {

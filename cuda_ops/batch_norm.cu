@@ -306,8 +306,8 @@ __device__ __forceinline__ void reduce_rows_group(const ReduceIn<T>& in, const R
   }
 }
 
-// rows x C: each thread sums its unit over its rows of the chunk (RowsTile::for_rows_swept), N rows at a time; the
-// block's rows are combined by a fixed tree over ty.
+// rows x C: each thread sums its unit over the rows of its block's slabs (RowsTile::for_rows_swept), N rows at a
+// time; the block's rows are combined by a fixed tree over ty.
 template <typename T, bool BWD, typename I, int N = BWD ? kReduceIlpBwd : kReduceIlpFwd<T>,
           int MINB = kRowsMinBlocks<T>>
 __global__ void __launch_bounds__(kThreads, MINB)
