@@ -32,8 +32,9 @@
 //               combined by a fixed tree (sums in registers, exchanged through shared memory). Written for occupancy,
 //               which is what keeps enough bytes in flight: 32-bit offsets where the tensor allows, the residual a
 //               template parameter, registers capped for 2 blocks per SM (3 for half types' normalize); the
-//               finalize's block is 4 channels x 64 rows of chunks. planes (B % 8 == 0): 8 elements of one plane per
-//               load, one channel per unit.
+//               finalize's block is 4 channels x 64 rows of chunks. The backward's elementwise pass reads and writes
+//               cache-streaming (its inputs' last use; L2 kept for the rows it has not reached). planes (B % 8 ==
+//               0): 8 elements of one plane per load, one channel per unit.
 //   fused       vectorized's arguments; on rows x C its own kernels (the rest runs vectorized's). The finalize folded
 //               into the reductions: each block writes its partial sums, and the last block of each group of 32
 //               chunks (then the last group) adds them in chunk (group) order, found with integer counters zeroed by a
