@@ -9,9 +9,10 @@
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I cuda_ops \
 //        benchmarks/batch_norm_check.cu cuda_ops/common.cu -o /tmp/batch_norm_check && /tmp/batch_norm_check
 //
-// With --passes it times only each direction of BN + ReLU (forward, backward) through the library's launcher at every
-// shape (benchmarks/results/batch_norm_check_streaming_h200.txt). With --profile it runs only a plain read and the
-// library's two reductions (its launcher and plan), once each at the two large shapes, for ncu:
+// With --passes it times, besides the plain read and copy, only each direction of BN + ReLU (forward, backward) through
+// the library's launcher at every shape, median of 31 (benchmarks/results/batch_norm_check_streaming_h200.txt). With
+// --profile it runs only a plain read and the library's two reductions (its launcher and plan), once each at the two
+// large shapes, for ncu:
 //   ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats /tmp/batch_norm_check \
 //       --profile
 #include <cmath>
@@ -209,7 +210,7 @@ int main(int argc, char** argv) {
       b.grad_out = g;
       b.x = x;
       b.mask = mask;
-      b.save_mean = mean;
+      b.save_mean = save_mean;
       b.save_invstd = save_invstd;
       b.grad_input = y;
       const BatchNormKernel v = BatchNormKernel::vectorized;

@@ -140,9 +140,10 @@ __device__ __forceinline__ void store8(T* __restrict__ p, const T (&in)[kUnit]) 
 // last uses, and its outputs are not read again in the pass; marked evict-first they leave L2 to the rows the
 // reduction read and the pass has not reached yet, which it reads in reverse order (the reduction's last rows first).
 // On an H200 this took the backward of BN + ReLU from 106.4 to 99.4 us at 512x64x32x32 bf16 and from 61.9 to 55.6 at
-// 512x128x16x16 (L2 flushed before each, CUDA events; benchmarks/results/batch_norm_check_streaming_h200.txt). The
-// forward's normalize gained nothing from it (64.7 against 64.7 us, 38.4 against 38.1) and keeps plain accesses, so
-// its output stays in L2 for the next layer as before.
+// 512x128x16x16 (means of two rounds, L2 flushed before each, CUDA events;
+// benchmarks/results/batch_norm_check_streaming_h200.txt). The forward's normalize gained nothing at the two large
+// shapes (64.7 against 65.0 us, 38.4 against 38.1) and about 1 us at 256x8x8 (28.0 against 26.8); it keeps plain
+// accesses, on the (unmeasured) argument that its output is read next by the following layer, from L2.
 template <typename T>
 __device__ __forceinline__ void load8_last(const T* __restrict__ p, T (&out)[kUnit]) {
   static_assert(sizeof(out) % 16 == 0);
