@@ -9,8 +9,11 @@
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I cuda_ops \
 //        benchmarks/batch_norm_check.cu cuda_ops/common.cu -o /tmp/batch_norm_check && /tmp/batch_norm_check
 //
-// With --passes it times, besides the plain read and copy, only each direction of BN + ReLU (forward, backward) through
-// the library's launcher at every shape, median of 31 (benchmarks/results/batch_norm_check_streaming_h200.txt). With
+// With --passes it times, besides the plain read and copy, only each direction through the library's launcher at every
+// shape, median of 31: BN + ReLU, each direction followed by a plain read of its output (the next layer's read), BN +
+// add + ReLU, and the two finalize kernels alone; then prints a hash of BN + add + ReLU's outputs and statistics, the
+// same bits across builds that change only how the passes run (benchmarks/results/batch_norm_check_finalize_h200.txt).
+// -DBN_CHECK_FLOAT=1 builds it for float32 instead of bf16. With
 // --profile it runs only a plain read and the library's two reductions (its launcher and plan), once each at the two
 // large shapes, for ncu:
 //   ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats /tmp/batch_norm_check \
@@ -29,7 +32,15 @@ using namespace torchext::cuda_ops;
 
 namespace bn_check {
 
+#if BN_CHECK_FLOAT  // -DBN_CHECK_FLOAT=1: the same passes in float32
+using T = float;
+inline T to_elem(float v) { return v; }
+inline float from_elem(T v) { return v; }
+#else
 using T = __nv_bfloat16;
+inline T to_elem(float v) { return __float2bfloat16(v); }
+inline float from_elem(T v) { return __bfloat162float(v); }
+#endif
 char* g_flush = nullptr;
 constexpr size_t kFlush = 256u << 20;
 
@@ -54,6 +65,15 @@ float median_us(const std::function<void()>& fn, int reps = 15) {
   return t[t.size() / 2];
 }
 
+// FNV-1a of a device buffer's bytes (copied to the host): the same bits across builds.
+uint64_t hash_dev(const void* p, size_t n) {
+  std::vector<unsigned char> h(n);
+  CK(cudaMemcpy(h.data(), p, n, cudaMemcpyDeviceToHost));
+  uint64_t v = 1469598103934665603ull;
+  for (unsigned char c : h) v = (v ^ c) * 1099511628211ull;
+  return v;
+}
+
 __global__ void read_sum_kernel(const uint4* __restrict__ p, int64_t n, float* out) {
   float acc = 0;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -67,10 +87,10 @@ template <int ILP, int MINB>
 void launch_reduce_plan(const ReduceIn<T>& in, int64_t rows, int64_t C, const RowsPlan& p, bool bwd, float* partial) {
   const dim3 grid(unsigned(p.col_blocks), unsigned(p.chunks)), block(p.bx, p.by);
   if (bwd) {
-    reduce_rows_vec_kernel<__nv_bfloat16, true, int32_t, ILP, MINB>
+    reduce_rows_vec_kernel<T, true, int32_t, ILP, MINB>
         <<<grid, block>>>(in, int32_t(rows), int32_t(C), int32_t(p.chunks), partial);
   } else {
-    reduce_rows_vec_kernel<__nv_bfloat16, false, int32_t, ILP, MINB>
+    reduce_rows_vec_kernel<T, false, int32_t, ILP, MINB>
         <<<grid, block>>>(in, int32_t(rows), int32_t(C), int32_t(p.chunks), partial);
   }
 }
@@ -94,11 +114,11 @@ void elementwise_config(int k, bool bwd, const T* x, const T* g, T* y, uint8_t* 
       const dim3 grid(unsigned(p.col_blocks), unsigned(p.chunks)), block(p.bx, p.by);
       constexpr int ILP = kConfigs[I][0], MINB = kConfigs[I][1];
       if (bwd) {
-        backward_rows_vec_kernel<__nv_bfloat16, int32_t, ILP, MINB>
-            <<<grid, block>>>(g, x, mask, y, nullptr, chan, int32_t(rows), int32_t(C), int32_t(p.rows_per_chunk),
-                              BackwardFlags{true, true, false, true});
+        backward_rows_vec_kernel<T, int32_t, ILP, MINB><<<grid, block>>>(g, x, mask, y, nullptr, chan, int32_t(rows),
+                                                                         int32_t(C), int32_t(p.rows_per_chunk),
+                                                                         BackwardFlags{true, true, false, true});
       } else {
-        normalize_rows_vec_kernel<__nv_bfloat16, false, int32_t, ILP, MINB>
+        normalize_rows_vec_kernel<T, false, int32_t, ILP, MINB>
             <<<grid, block>>>(x, nullptr, y, mask, chan, int32_t(rows), int32_t(C), int32_t(p.rows_per_chunk), true);
       }
       return;
@@ -109,7 +129,7 @@ void elementwise_config(int k, bool bwd, const T* x, const T* g, T* y, uint8_t* 
 
 template <int COLS, int ROWS>
 void launch_finalize(const BatchNormForwardArgs<T, float>& args, const float* partial, int64_t chunks, float* chan) {
-  finalize_forward_kernel<__nv_bfloat16, float, COLS, ROWS>
+  finalize_forward_kernel<T, float, COLS, ROWS>
       <<<finalize_grid(args.shape.c, COLS), dim3(COLS, ROWS)>>>(args, partial, chunks, chan);
 }
 
@@ -123,8 +143,8 @@ int main(int argc, char** argv) {
   int dev = 0;
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, dev));
-  std::printf("# batch_norm_check on %s (%d SMs), bf16, batch 512, channels-last\n\n", prop.name,
-              prop.multiProcessorCount);
+  std::printf("# batch_norm_check on %s (%d SMs), %s, batch 512, channels-last\n\n", prop.name,
+              prop.multiProcessorCount, sizeof(T) == 4 ? "float32" : "bf16");
   CK(cudaMalloc(&g_flush, kFlush));
   const int64_t shapes[][2] = {{512 * 32 * 32, 64}, {512 * 16 * 16, 128}, {512 * 8 * 8, 256}, {512 * 4 * 4, 512}};
   std::mt19937 rng(0);
@@ -135,8 +155,8 @@ int main(int argc, char** argv) {
     std::vector<uint8_t> hm(E / 8);
     std::normal_distribution<float> nd(0.5f, 1.f);
     for (int64_t i = 0; i < E; ++i) {
-      hx[i] = __float2bfloat16(nd(rng));
-      hg[i] = __float2bfloat16(nd(rng));
+      hx[i] = to_elem(nd(rng));
+      hg[i] = to_elem(nd(rng));
     }
     for (auto& m : hm) m = uint8_t(rng());
     T *x, *g, *y;
@@ -161,14 +181,15 @@ int main(int argc, char** argv) {
     // float64 host reference of the means
     std::vector<double> ref(C, 0.0);
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < C; ++c) ref[c] += __bfloat162float(hx[r * C + c]);
+      for (int64_t c = 0; c < C; ++c) ref[c] += from_elem(hx[r * C + c]);
     for (auto& v : ref) v /= double(rows);
 
     const double mb = double(E) * sizeof(T) / 1e6;
     std::printf("## %lld x %lld (one tensor %.1f MB)\n\n", (long long)rows, (long long)C, mb);
     if (!profile) {
       const float t_read = median_us([&] {
-        read_sum_kernel<<<prop.multiProcessorCount * 8, 256>>>(reinterpret_cast<const uint4*>(x), E * 2 / 16, out);
+        read_sum_kernel<<<prop.multiProcessorCount * 8, 256>>>(reinterpret_cast<const uint4*>(x),
+                                                               E * int64_t(sizeof(T)) / 16, out);
       });
       const float t_copy = median_us([&] { CK(cudaMemcpyAsync(y, x, E * sizeof(T), cudaMemcpyDeviceToDevice)); });
       std::printf("read one tensor: %.1f us (%.0f GB/s); copy one tensor: %.1f us (%.0f GB/s moved)\n\n", t_read,
@@ -220,9 +241,68 @@ int main(int argc, char** argv) {
       const float tf = median_us([&] { CK(batch_norm_forward(v, f, nullptr, ws)); }, 31);
       const float tb = median_us([&] { CK(batch_norm_backward(v, b, nullptr, ws)); }, 31);
       std::printf("BN + ReLU forward %.1f us, backward %.1f us\n", tf, tb);
+      // each direction followed by the next layer's read of its output (a plain read of y, of dx): what the
+      // output's cache policy costs or saves the reader
+      auto read = [&](const T* p) {
+        read_sum_kernel<<<prop.multiProcessorCount * 8, 256>>>(reinterpret_cast<const uint4*>(p),
+                                                               E * int64_t(sizeof(T)) / 16, out);
+      };
+      const float tfc = median_us(
+          [&] {
+            CK(batch_norm_forward(v, f, nullptr, ws));
+            read(y);
+          },
+          31);
+      const float tbc = median_us(
+          [&] {
+            CK(batch_norm_backward(v, b, nullptr, ws));
+            read(y);
+          },
+          31);
+      std::printf("BN + ReLU forward then a read of y %.1f us, backward then a read of dx %.1f us\n", tfc, tbc);
+      // BN + add + ReLU: the residual (x's values, its own buffer) and grad_residual's output
+      T *res, *gres;
+      CK(cudaMalloc(&res, E * sizeof(T)));
+      CK(cudaMalloc(&gres, E * sizeof(T)));
+      CK(cudaMemcpy(res, hg.data(), E * sizeof(T), cudaMemcpyHostToDevice));
+      f.residual = res;
+      b.grad_residual = gres;
+      const float tfr = median_us([&] { CK(batch_norm_forward(v, f, nullptr, ws)); }, 31);
+      const float tbr = median_us([&] { CK(batch_norm_backward(v, b, nullptr, ws)); }, 31);
+      std::printf("BN + add + ReLU forward %.1f us, backward %.1f us\n", tfr, tbr);
+      const float tbrc = median_us(
+          [&] {
+            CK(batch_norm_backward(v, b, nullptr, ws));
+            read(gres);
+          },
+          31);
+      std::printf("BN + add + ReLU backward then a read of grad_residual %.1f us\n", tbrc);
+      // the finalize kernels alone, and a hash of the last backward's outputs and statistics (the same bits across
+      // builds that change only how the passes run)
+      const int64_t chunks = reduce_chunks(Path::rows, fa.shape);
+      const Workspace<float> w = split_workspace<float>(ws, chunks, C);
+      const float tff =
+          median_us([&] { launch_finalize<kFinalizeCols, kFinalizeRows>(f, w.partial, chunks, w.vectors); }, 31);
+      const float tfb = median_us(
+          [&] {
+            finalize_backward_kernel<T, float>
+                <<<finalize_grid(C), dim3(kFinalizeCols, kFinalizeRows)>>>(b, w.partial, chunks, w.vectors);
+          },
+          31);
+      std::printf("finalize forward %.1f us, backward %.1f us\n", tff, tfb);
+      CK(batch_norm_forward(v, f, nullptr, ws));
+      const uint64_t hy = hash_dev(y, E * sizeof(T)), hmean = hash_dev(save_mean, C * 4),
+                     hinv = hash_dev(save_invstd, C * 4);
+      CK(batch_norm_backward(v, b, nullptr, ws));
+      std::printf("hash (BN + add + ReLU): y %016llx mean %016llx invstd %016llx dx %016llx grad_residual %016llx\n",
+                  (unsigned long long)hy, (unsigned long long)hmean, (unsigned long long)hinv,
+                  (unsigned long long)hash_dev(y, E * sizeof(T)), (unsigned long long)hash_dev(gres, E * sizeof(T)));
+      CK(cudaFree(res));
+      CK(cudaFree(gres));
       CK(cudaFree(ws));
     } else if (profile) {  // one launch of each, for ncu (which flushes the caches between kernels by default)
-      read_sum_kernel<<<prop.multiProcessorCount * 8, 256>>>(reinterpret_cast<const uint4*>(x), E * 2 / 16, out);
+      read_sum_kernel<<<prop.multiProcessorCount * 8, 256>>>(reinterpret_cast<const uint4*>(x),
+                                                             E * int64_t(sizeof(T)) / 16, out);
       for (int bwd = 0; bwd < 2; ++bwd) {  // the library's own launcher and plan
         CK(launch_reduce<T>(Path::rows, reduce_in(bwd), fa.shape, reduce_chunks(Path::rows, fa.shape), bwd, partial,
                             nullptr));

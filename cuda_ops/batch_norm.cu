@@ -465,12 +465,15 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Column c's two sums over the chunks, in float64 and a fixed order: the block is COLS columns x ROWS rows of
-// threads; row ty adds chunks ty, ty + ROWS, ... in order, then a fixed tree over the rows (halves, in shared
-// memory) adds the rows. The result is in row 0. Every thread of the block must call it.
+// threads (8 warps); row ty adds chunks ty, ty + ROWS, ... in order, then a fixed tree over the rows (halves: row r
+// adds row r + h for h = ROWS / 2, ..., 1) adds the rows. The halves that cross warps are added by warp 0 from shared
+// memory after one barrier, the rest by shuffles within it: the tree's order, with one barrier instead of log2 ROWS.
+// The result is in row 0 (threadIdx.y == 0). Every thread of the block must call it.
 template <int COLS, int ROWS, typename A>
 __device__ __forceinline__ void chunk_sums(const A* __restrict__ partial, int64_t C, int64_t chunks, int64_t c,
                                            double* s0, double* s1) {
-  static_assert((ROWS & (ROWS - 1)) == 0, "ROWS is a power of two");
+  static_assert((ROWS & (ROWS - 1)) == 0 && 32 % COLS == 0 && COLS * ROWS == 256, "8 warps of whole rows");
+  constexpr int kRowsPerWarp = 32 / COLS, kWarps = ROWS / kRowsPerWarp;
   __shared__ double sh[2][ROWS][COLS];
   const int tx = threadIdx.x, ty = threadIdx.y;
   double a0 = 0, a1 = 0;
@@ -483,63 +486,101 @@ __device__ __forceinline__ void chunk_sums(const A* __restrict__ partial, int64_
   }
   sh[0][ty][tx] = a0;
   sh[1][ty][tx] = a1;
-  for (int half = ROWS / 2; half > 0; half /= 2) {
-    __syncthreads();
-    if (ty < half) {
-      sh[0][ty][tx] += sh[0][ty + half][tx];
-      sh[1][ty][tx] += sh[1][ty + half][tx];
+  __syncthreads();
+  *s0 = *s1 = 0;
+  if (ty >= kRowsPerWarp) return;
+  // warp 0, row ty: the halves h >= kRowsPerWarp pair row ty + w kRowsPerWarp with ty + (w + h') kRowsPerWarp
+  double v0[kWarps], v1[kWarps];
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    v0[w] = sh[0][ty + w * kRowsPerWarp][tx];
+    v1[w] = sh[1][ty + w * kRowsPerWarp][tx];
+  }
+#pragma unroll
+  for (int h = kWarps / 2; h > 0; h /= 2) {
+#pragma unroll
+    for (int w = 0; w < h; ++w) {
+      v0[w] += v0[w + h];
+      v1[w] += v1[w + h];
     }
   }
-  __syncthreads();
-  *s0 = sh[0][0][tx];
-  *s1 = sh[1][0][tx];
+  a0 = v0[0];
+  a1 = v1[0];
+#pragma unroll
+  for (int h = kRowsPerWarp / 2; h > 0; h /= 2) {  // rows ty < h add row ty + h, COLS h lanes on
+    const double b0 = __shfl_down_sync(0xffffffffu, a0, h * COLS), b1 = __shfl_down_sync(0xffffffffu, a1, h * COLS);
+    if (ty < h) {
+      a0 += b0;
+      a1 += b1;
+    }
+  }
+  *s0 = a0;
+  *s1 = a1;
 }
 
 // --- forward --------------------------------------------------------------------------------------------------------
 
-// Per channel c, from its two chunk sums s0, s1 (unused in eval and with given sums): the statistics, the running
-// buffers' update, save_mean / save_invstd, and chan = (mean, scale, shift). The finalize kernel and the fused rung's
-// last block call it.
+// Per channel c, what the finalize reads besides the chunk sums: loaded before the sums, so that these loads' latency
+// overlaps theirs.
+struct ForwardChannelIn {
+  double k = 0, sum = 0, sum_sq = 0, running_mean = 0, running_var = 0, w = 1, b = 0;
+};
+
+template <typename T, typename P>
+__device__ __forceinline__ ForwardChannelIn load_forward_channel(const BatchNormForwardArgs<T, P>& args, int64_t c) {
+  ForwardChannelIn in;
+  if (args.training && args.shape.a * args.shape.b > 0) {
+    if (args.sum != nullptr) {
+      in.sum = static_cast<double>(args.sum[c]);
+      in.sum_sq = static_cast<double>(args.sum_sq[c]);
+    } else {
+      in.k = to_double(args.x[c * args.shape.b]);  // the shift: the channel's first element
+    }
+  }
+  if (args.running_mean != nullptr) in.running_mean = to_double(args.running_mean[c]);
+  if (args.running_var != nullptr) in.running_var = to_double(args.running_var[c]);
+  if (args.weight != nullptr) in.w = to_double(args.weight[c]);
+  if (args.bias != nullptr) in.b = to_double(args.bias[c]);
+  return in;
+}
+
+// Per channel c, from its two chunk sums s0, s1 (unused in eval and with given sums) and its inputs: the statistics,
+// the running buffers' update, save_mean / save_invstd, and chan = (mean, scale, shift). The finalize kernel and the
+// fused rung's last block call it.
 template <typename T, typename P>
 __device__ __forceinline__ void finalize_forward_channel(const BatchNormForwardArgs<T, P>& args, int64_t c, double s0,
-                                                         double s1, acc_t<T>* __restrict__ chan) {
+                                                         double s1, const ForwardChannelIn& in,
+                                                         acc_t<T>* __restrict__ chan) {
   using A = acc_t<T>;
   const int64_t C = args.shape.c, n = args.shape.a * args.shape.b;
   double mean = 0, invstd = 0;
   if (args.training) {
     if (c == 0 && args.num_batches_tracked != nullptr) *args.num_batches_tracked += 1;
     if (n > 0) {
-      double k = 0;
       if (args.sum != nullptr) {
-        s0 = static_cast<double>(args.sum[c]);
-        s1 = static_cast<double>(args.sum_sq[c]);
-      } else {
-        k = to_double(args.x[c * args.shape.b]);
+        s0 = in.sum;
+        s1 = in.sum_sq;
       }
-      const math::ChannelStats st = math::stats_from_shifted_sums(k, s0, s1, n);
+      const math::ChannelStats st = math::stats_from_shifted_sums(in.k, s0, s1, n);
       mean = st.mean;
       invstd = math::inv_std(st.var_sum / static_cast<double>(n), args.eps);
       if (args.running_mean != nullptr) {
-        args.running_mean[c] =
-            from_double<P>(math::running_update(args.momentum, mean, to_double(args.running_mean[c])));
+        args.running_mean[c] = from_double<P>(math::running_update(args.momentum, mean, in.running_mean));
       }
       if (args.running_var != nullptr) {
         const double unbiased = math::unbiased_var(st.var_sum, n);
-        args.running_var[c] =
-            from_double<P>(math::running_update(args.momentum, unbiased, to_double(args.running_var[c])));
+        args.running_var[c] = from_double<P>(math::running_update(args.momentum, unbiased, in.running_var));
       }
     }
   } else {
-    mean = to_double(args.running_mean[c]);
-    invstd = math::inv_std(to_double(args.running_var[c]), args.eps);
+    mean = in.running_mean;
+    invstd = math::inv_std(in.running_var, args.eps);
   }
-  const double w = args.weight != nullptr ? to_double(args.weight[c]) : 1.0;
-  const double b = args.bias != nullptr ? to_double(args.bias[c]) : 0.0;
   args.save_mean[c] = static_cast<A>(mean);
   args.save_invstd[c] = static_cast<A>(invstd);
   chan[c] = static_cast<A>(mean);
-  chan[C + c] = static_cast<A>(w * invstd);
-  chan[2 * C + c] = static_cast<A>(b);
+  chan[C + c] = static_cast<A>(in.w * invstd);
+  chan[2 * C + c] = static_cast<A>(in.b);
 }
 
 template <typename T, typename P, int COLS = kFinalizeCols, int ROWS = kFinalizeRows>
@@ -548,10 +589,12 @@ __global__ void __launch_bounds__(COLS* ROWS)
                             acc_t<T>* __restrict__ chan) {
   const int64_t C = args.shape.c;
   const int64_t c = int64_t(blockIdx.x) * COLS + threadIdx.x;
+  ForwardChannelIn in;
+  if (threadIdx.y == 0 && c < C) in = load_forward_channel(args, c);
   double s0, s1;
   chunk_sums<COLS, ROWS>(partial, C, chunks, c, &s0, &s1);
   if (threadIdx.y != 0 || c >= C) return;
-  finalize_forward_channel(args, c, s0, s1, chan);
+  finalize_forward_channel(args, c, s0, s1, in, chan);
 }
 
 struct ForwardFlags {
@@ -699,23 +742,40 @@ __global__ void __launch_bounds__(kThreads)
 
 // --- backward -------------------------------------------------------------------------------------------------------
 
+// Per channel c, what the backward's finalize reads besides the chunk sums, loaded before them (as the forward's).
+template <typename A>
+struct BackwardChannelIn {
+  double invstd = 0, w = 1;
+  A mean = 0;
+};
+
+template <typename T, typename P>
+__device__ __forceinline__ BackwardChannelIn<acc_t<T>> load_backward_channel(const BatchNormBackwardArgs<T, P>& args,
+                                                                             int64_t c) {
+  BackwardChannelIn<acc_t<T>> in;
+  in.invstd = static_cast<double>(args.save_invstd[c]);
+  if (args.weight != nullptr) in.w = to_double(args.weight[c]);
+  in.mean = args.save_mean[c];
+  return in;
+}
+
 // Per channel c, from its sums s0 = sum dz, s1 = sum dz (x - mean): grad_weight, grad_bias and coef = (k, q, r, mean)
 // of dx = k (dz - r - q (x - mean)): k = w invstd, r = mean(dz), q = invstd^2 mean(dz (x - mean)) in training (0 in
 // eval), the form torch's kernels use. The finalize kernel and the fused rung's last block call it.
 template <typename T, typename P>
 __device__ __forceinline__ void finalize_backward_channel(const BatchNormBackwardArgs<T, P>& args, int64_t c, double s0,
-                                                          double s1, acc_t<T>* __restrict__ coef) {
+                                                          double s1, const BackwardChannelIn<acc_t<T>>& in,
+                                                          acc_t<T>* __restrict__ coef) {
   using A = acc_t<T>;
   const int64_t C = args.shape.c, n = args.shape.a * args.shape.b;
-  const double invstd = static_cast<double>(args.save_invstd[c]);
-  const double w = args.weight != nullptr ? to_double(args.weight[c]) : 1.0;
+  const double invstd = in.invstd;
   if (args.grad_bias != nullptr) args.grad_bias[c] = from_double<P>(s0);
   if (args.grad_weight != nullptr) args.grad_weight[c] = from_double<P>(s1 * invstd);
   const bool stats = args.training && n > 0;
-  coef[c] = static_cast<A>(w * invstd);
+  coef[c] = static_cast<A>(in.w * invstd);
   coef[C + c] = stats ? static_cast<A>(invstd * invstd * s1 / static_cast<double>(n)) : A(0);
   coef[2 * C + c] = stats ? static_cast<A>(s0 / static_cast<double>(n)) : A(0);
-  coef[3 * C + c] = args.save_mean[c];
+  coef[3 * C + c] = in.mean;
 }
 
 template <typename T, typename P, int COLS = kFinalizeCols, int ROWS = kFinalizeRows>
@@ -724,10 +784,12 @@ __global__ void __launch_bounds__(COLS* ROWS)
                              acc_t<T>* __restrict__ coef) {
   const int64_t C = args.shape.c;
   const int64_t c = int64_t(blockIdx.x) * COLS + threadIdx.x;
+  BackwardChannelIn<acc_t<T>> in;
+  if (threadIdx.y == 0 && c < C) in = load_backward_channel(args, c);
   double s0, s1;
   chunk_sums<COLS, ROWS>(partial, C, chunks, c, &s0, &s1);
   if (threadIdx.y != 0 || c >= C) return;
-  finalize_backward_channel(args, c, s0, s1, coef);
+  finalize_backward_channel(args, c, s0, s1, in, coef);
 }
 
 struct BackwardFlags {
@@ -1246,7 +1308,8 @@ __global__ void __launch_bounds__(kThreads, 2) batch_norm_fused_forward_kernel(c
     if (fused_reduce(s0, s1, p, chunk, cb, fp.ws, sh)) {
       const int64_t c_begin = cb * bx * kUnit;
       if (tid < bx * kUnit && c_begin + tid < C) {
-        finalize_forward_channel(args, c_begin + tid, sh.total[0][tid], sh.total[1][tid], fp.ws.vectors);
+        finalize_forward_channel(args, c_begin + tid, sh.total[0][tid], sh.total[1][tid],
+                                 load_forward_channel(args, c_begin + tid), fp.ws.vectors);
         __threadfence();
       }
       __syncthreads();
@@ -1363,7 +1426,8 @@ __global__ void __launch_bounds__(kThreads, 2) batch_norm_fused_backward_kernel(
     if (fused_reduce(s0, s1, p, chunk, cb, fp.ws, sh)) {
       const int64_t c_begin = cb * bx * kUnit;
       if (tid < bx * kUnit && c_begin + tid < C) {
-        finalize_backward_channel(args, c_begin + tid, sh.total[0][tid], sh.total[1][tid], fp.ws.vectors);
+        finalize_backward_channel(args, c_begin + tid, sh.total[0][tid], sh.total[1][tid],
+                                  load_backward_channel(args, c_begin + tid), fp.ws.vectors);
         __threadfence();
       }
       __syncthreads();
