@@ -136,14 +136,16 @@ __device__ __forceinline__ void store8(T* __restrict__ p, const T (&in)[kUnit]) 
   }
 }
 
-// The backward elementwise pass's loads and stores: cache-streaming (evict first). Its reads of dy and x are their
-// last uses, and its outputs are not read again in the pass; marked evict-first they leave L2 to the rows the
-// reduction read and the pass has not reached yet, which it reads in reverse order (the reduction's last rows first).
-// On an H200 this took the backward of BN + ReLU from 106.4 to 99.4 us at 512x64x32x32 bf16 and from 61.9 to 55.6 at
-// 512x128x16x16 (means of two rounds, L2 flushed before each, CUDA events;
-// benchmarks/results/batch_norm_check_streaming_h200.txt). The forward's normalize gained nothing at the two large
-// shapes (64.7 against 65.0 us, 38.4 against 38.1) and about 1 us at 256x8x8 (28.0 against 26.8); it keeps plain
-// accesses, on the (unmeasured) argument that its output is read next by the following layer, from L2.
+// The backward elementwise pass's loads: cache-streaming (evict first). Its reads of dy and x are their last uses;
+// marked evict-first they leave L2 to the rows the reduction read and the pass has not reached yet, which it reads in
+// reverse order (the reduction's last rows first). On an H200 the backward of BN + ReLU went from 106.4 to 99.4 us at
+// 512x64x32x32 bf16 and from 61.9 to 55.6 at 512x128x16x16 with these loads and streaming stores (means of two rounds,
+// L2 flushed before each, CUDA events; benchmarks/results/batch_norm_check_streaming_h200.txt). Its stores (dx,
+// grad_residual) are plain: with the streaming loads, streaming stores no longer sped up the pass (98.4 against 97.9
+// us, 55.4 against 54.7), and plain ones leave its outputs in L2 for the next reader: the backward followed by a read
+// of dx took 117.5 -> 115.5 us and 64.4 -> 61.2 (benchmarks/results/batch_norm_check_stores_h200.txt). The forward's
+// normalize keeps plain accesses: streaming reads gained nothing at the two large shapes and streaming y stores made
+// it slower (batch_norm_check_finalize_h200.txt, docs/batch_norm.md).
 template <typename T>
 __device__ __forceinline__ void load8_last(const T* __restrict__ p, T (&out)[kUnit]) {
   static_assert(sizeof(out) % 16 == 0);
@@ -151,17 +153,6 @@ __device__ __forceinline__ void load8_last(const T* __restrict__ p, T (&out)[kUn
   for (int i = 0; i < int(sizeof(out) / 16); ++i) {
     const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p) + i);
     __builtin_memcpy(reinterpret_cast<char*>(out) + 16 * i, &v, 16);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ void store8_stream(T* __restrict__ p, const T (&in)[kUnit]) {
-  static_assert(sizeof(in) % 16 == 0);
-#pragma unroll
-  for (int i = 0; i < int(sizeof(in) / 16); ++i) {
-    uint4 v;
-    __builtin_memcpy(&v, reinterpret_cast<const char*>(in) + 16 * i, 16);
-    __stcs(reinterpret_cast<uint4*>(p) + i, v);
   }
 }
 
@@ -860,8 +851,8 @@ __device__ __forceinline__ void backward_rows_group(const T* __restrict__ dy, co
       dzv[j] = from_acc<T>(dz);
       dxv[j] = from_acc<T>(f.training ? coef.apply(dz, to_acc<T>(xv[i][j]), j) : coef.k[j] * dz);
     }
-    if (f.grad_input) store8_stream(dx + e + I(i) * t.stride, dxv);
-    if (f.grad_residual) store8_stream(gres + e + I(i) * t.stride, dzv);
+    if (f.grad_input) store8(dx + e + I(i) * t.stride, dxv);
+    if (f.grad_residual) store8(gres + e + I(i) * t.stride, dzv);
   }
 }
 
