@@ -119,11 +119,13 @@ def main(argv=None):
     print(f"# batch norm fwd+bwd ({env['gpu']}, torch {env['torch']}, CUDA {env['cuda']}, {env['date']})\n")
     print("Training mode, channels-last, one forward and backward of the layer. GPU time: the step's kernels summed")
     print("(profiler), median of", args.profile_reps, "; ratio = baseline GPU time / torchext's (above 1: torchext")
-    print("faster); GB/s over the minimum bytes (5 E s, 7 E s with the residual).\n")
+    print("faster); GB/s over the minimum bytes (5 E s, 7 E s with the residual). Wall-clock: CUDA events around the")
+    print("step (forward and torch.autograd.grad from Python), L2 flushed, median of", args.reps, "; it includes the")
+    print("host's time (Python, autograd, launches), which in a model overlaps the GPU's work on earlier layers.\n")
     header = "| op | shape | dtype | " + " | ".join(f"{name} us" for name in providers)
-    header += " | vs eager | vs compile | torchext GB/s |"
+    header += " | vs eager | vs compile | torchext GB/s | wall-clock us (" + " / ".join(providers) + ") |"
     print(header)
-    print("|" + "---|" * (len(providers) + 6))
+    print("|" + "---|" * (len(providers) + 7))
     for op, shape, dtype in runs:
         # A fresh compiled function per run: one shared function recompiles for every shape, op and grad mode and
         # hits dynamo's recompile limit (8), after which it silently runs eagerly.
@@ -150,8 +152,9 @@ def main(argv=None):
         for step in steps:  # compiles (torch.compile) and warms up outside the timed region
             step()
         times = time_interleaved(steps, device, warmup=3, reps=args.reps)
-        gpu = {}
+        gpu, wall = {}, {}
         for name, step, t in zip(providers, steps, times, strict=True):
+            wall[name] = t
             writer.timing(op, name, "fwd+bwd", shape, dname, t, nbytes=prob.nbytes)
             gpu[name] = device_time_fn(step, device, warmup=1, reps=args.profile_reps)
             writer.device_time(op, name, "fwd+bwd", shape, dname, gpu[name])
@@ -169,7 +172,7 @@ def main(argv=None):
         cells = " | ".join(f"{gpu[name].p50:.1f}" for name in providers)
         print(
             f"| {op} | {'x'.join(map(str, shape))} | {dname} | {cells} | {vs_eager:.2f} | {vs_compile} | "
-            f"{prob.nbytes / 1e3 / ours:.0f} |"
+            f"{prob.nbytes / 1e3 / ours:.0f} | {' / '.join(f'{wall[name].p50:.0f}' for name in providers)} |"
         )
         del prob, fwd, steps
         torch.cuda.empty_cache()
