@@ -11,11 +11,13 @@
 //
 // With --passes it times, besides the plain read and copy, only each direction through the library's launcher at every
 // shape, median of 31: BN + ReLU, each direction followed by a plain read of its output (the next layer's read), BN +
-// add + ReLU, and the two finalize kernels alone; then prints a hash of BN + add + ReLU's outputs and statistics, the
-// same bits across builds that change only how the passes run (benchmarks/results/batch_norm_check_finalize_h200.txt).
-// -DBN_CHECK_FLOAT=1 builds it for float32 instead of bf16. With
-// --profile it runs only a plain read and the library's two reductions (its launcher and plan), once each at the two
-// large shapes, for ncu:
+// add + ReLU, its backward followed by a read of grad_residual, and the two finalize kernels alone (L2 flushed: their
+// partial sums come from DRAM, where in the library they are in L2); then it prints a hash of BN + add + ReLU's outputs
+// and statistics, the same bits across builds that change only how the passes run
+// (benchmarks/results/batch_norm_check_stores_h200.txt, run 2; the other batch_norm_check_*_h200.txt files of
+// 2026-11-29 ~09:30-10:00 came from earlier forms of this mode). -DBN_CHECK_FLOAT=1 builds it for float32 instead of
+// bf16. With --profile it runs only a plain read and the library's two reductions (its launcher and plan), once each at
+// the two large shapes, for ncu:
 //   ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats /tmp/batch_norm_check \
 //       --profile
 #include <cmath>
@@ -260,7 +262,7 @@ int main(int argc, char** argv) {
           },
           31);
       std::printf("BN + ReLU forward then a read of y %.1f us, backward then a read of dx %.1f us\n", tfc, tbc);
-      // BN + add + ReLU: the residual (x's values, its own buffer) and grad_residual's output
+      // BN + add + ReLU: the residual (grad_out's values, in its own buffer) and grad_residual's output
       T *res, *gres;
       CK(cudaMalloc(&res, E * sizeof(T)));
       CK(cudaMalloc(&gres, E * sizeof(T)));
@@ -277,8 +279,8 @@ int main(int argc, char** argv) {
           },
           31);
       std::printf("BN + add + ReLU backward then a read of grad_residual %.1f us\n", tbrc);
-      // the finalize kernels alone, and a hash of the last backward's outputs and statistics (the same bits across
-      // builds that change only how the passes run)
+      // the finalize kernels alone; then one more forward and backward, and a hash of their outputs and statistics (the
+      // same bits across builds that change only how the passes run)
       const int64_t chunks = reduce_chunks(Path::rows, fa.shape);
       const Workspace<float> w = split_workspace<float>(ws, chunks, C);
       const float tff =

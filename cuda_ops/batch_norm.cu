@@ -32,9 +32,10 @@
 //               combined by a fixed tree (sums in registers, exchanged through shared memory). Written for occupancy,
 //               which is what keeps enough bytes in flight: 32-bit offsets where the tensor allows, the residual a
 //               template parameter, registers capped for 2 blocks per SM (3 for half types' normalize); the
-//               finalize's block is 4 channels x 64 rows of chunks. The backward's elementwise pass reads and writes
-//               cache-streaming (its inputs' last use; L2 kept for the rows it has not reached). planes (B % 8 ==
-//               0): 8 elements of one plane per load, one channel per unit.
+//               finalize's block is 4 channels x 64 rows of chunks. The backward's elementwise pass reads
+//               cache-streaming (its inputs' last use; L2 kept for the rows it has not reached) and stores plainly
+//               (its outputs stay in L2 for their next reader). planes (B % 8 == 0): 8 elements of one plane per
+//               load, one channel per unit.
 //   fused       vectorized's arguments; on rows x C its own kernels (the rest runs vectorized's). The finalize folded
 //               into the reductions: each block writes its partial sums, and the last block of each group of 32
 //               chunks (then the last group) adds them in chunk (group) order, found with integer counters zeroed by a
@@ -144,8 +145,9 @@ __device__ __forceinline__ void store8(T* __restrict__ p, const T (&in)[kUnit]) 
 // grad_residual) are plain: with the streaming loads, streaming stores no longer sped up the pass (98.4 against 97.9
 // us, 55.4 against 54.7), and plain ones leave its outputs in L2 for the next reader: the backward followed by a read
 // of dx took 117.5 -> 115.5 us and 64.4 -> 61.2 (benchmarks/results/batch_norm_check_stores_h200.txt). The forward's
-// normalize keeps plain accesses: streaming reads gained nothing at the two large shapes and streaming y stores made
-// it slower (batch_norm_check_finalize_h200.txt, docs/batch_norm.md).
+// normalize keeps plain accesses: streaming reads gained nothing at the two large shapes, and streaming y stores left
+// the bf16 forward no faster there, made float32's up to 6.8 us slower and a following read of y 0.8-1.2 us slower
+// (batch_norm_check_normalize_h200.txt, docs/batch_norm.md).
 template <typename T>
 __device__ __forceinline__ void load8_last(const T* __restrict__ p, T (&out)[kUnit]) {
   static_assert(sizeof(out) % 16 == 0);
@@ -458,8 +460,8 @@ __global__ void __launch_bounds__(kThreads)
 // Column c's two sums over the chunks, in float64 and a fixed order: the block is COLS columns x ROWS rows of
 // threads (8 warps); row ty adds chunks ty, ty + ROWS, ... in order, then a fixed tree over the rows (halves: row r
 // adds row r + h for h = ROWS / 2, ..., 1) adds the rows. The halves that cross warps are added by warp 0 from shared
-// memory after one barrier, the rest by shuffles within it: the tree's order, with one barrier instead of log2 ROWS.
-// The result is in row 0 (threadIdx.y == 0). Every thread of the block must call it.
+// memory after one barrier, the rest by shuffles within it: the tree's order, with one barrier instead of log2 ROWS
+// + 1. The result is in row 0 (threadIdx.y == 0). Every thread of the block must call it.
 template <int COLS, int ROWS, typename A>
 __device__ __forceinline__ void chunk_sums(const A* __restrict__ partial, int64_t C, int64_t chunks, int64_t c,
                                            double* s0, double* s1) {
@@ -528,6 +530,7 @@ __device__ __forceinline__ ForwardChannelIn load_forward_channel(const BatchNorm
       in.k = to_double(args.x[c * args.shape.b]);  // the shift: the channel's first element
     }
   }
+  // eval needs both running buffers (the op layer checks it: csrc/batch_norm.h); read only where given
   if (args.running_mean != nullptr) in.running_mean = to_double(args.running_mean[c]);
   if (args.running_var != nullptr) in.running_var = to_double(args.running_var[c]);
   if (args.weight != nullptr) in.w = to_double(args.weight[c]);
