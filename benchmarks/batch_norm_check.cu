@@ -11,11 +11,12 @@
 //
 // With --passes it times, besides the plain read and copy, only each direction through the library's launcher at every
 // shape, median of 31: BN + ReLU, each direction followed by a plain read of its output (the next layer's read), BN +
-// add + ReLU, its backward followed by a read of grad_residual, and the two finalize kernels alone (L2 flushed: their
+// add + ReLU, its backward followed by a read of grad_residual, each elementwise pass alone after its reduction with L2
+// as that leaves it and flushed (batch_norm_check_l2_h200.txt), and the two finalize kernels alone (L2 flushed: their
 // partial sums come from DRAM, where in the library they are in L2); then it prints a hash of BN + add + ReLU's outputs
 // and statistics, the same bits across builds that change only how the passes run
-// (benchmarks/results/batch_norm_check_stores_h200.txt, run 2; the other batch_norm_check_*_h200.txt files of
-// 2026-11-29 ~09:30-10:00 came from earlier forms of this mode). -DBN_CHECK_FLOAT=1 builds it for float32 instead of
+// (benchmarks/results/batch_norm_check_l2_h200.txt; the batch_norm_check_*_h200.txt files of 2026-11-29 before it came
+// from earlier forms of this mode). -DBN_CHECK_FLOAT=1 builds it for float32 instead of
 // bf16. With --profile it runs only a plain read and the library's two reductions (its launcher and plan), once each at
 // the two large shapes, for ncu:
 //   ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats /tmp/batch_norm_check \
@@ -279,6 +280,75 @@ int main(int argc, char** argv) {
           },
           31);
       std::printf("BN + add + ReLU backward then a read of grad_residual %.1f us\n", tbrc);
+      // The elementwise passes alone, after their direction's reduction and finalize, with L2 as those leave it and
+      // flushed in between: what each pass finds in L2 (it walks the rows in reverse, from those read last).
+      {
+        const int64_t ch = reduce_chunks(Path::rows, fa.shape);
+        const Workspace<float> wk = split_workspace<float>(ws, ch, C);
+        const RowsPlan p = rows_plan(rows, C, false);
+        const dim3 grid(unsigned(p.col_blocks), unsigned(p.chunks)), block(p.bx, p.by);
+        ReduceIn<T> fin_in, bin_in;
+        fin_in.x = x;
+        bin_in.x = x;
+        bin_in.dy = g;
+        bin_in.mask = mask;
+        bin_in.mean = save_mean;
+        auto fwd_prefix = [&] {
+          CK(launch_reduce<T>(Path::rows, fin_in, fa.shape, ch, false, wk.partial, nullptr));
+          finalize_forward_kernel<T, float>
+              <<<finalize_grid(C), dim3(kFinalizeCols, kFinalizeRows)>>>(f, wk.partial, ch, wk.vectors);
+        };
+        auto bwd_prefix = [&] {
+          CK(launch_reduce<T>(Path::rows, bin_in, fa.shape, ch, true, wk.partial, nullptr));
+          finalize_backward_kernel<T, float>
+              <<<finalize_grid(C), dim3(kFinalizeCols, kFinalizeRows)>>>(b, wk.partial, ch, wk.vectors);
+        };
+        auto after = [&](const std::function<void()>& prefix, const std::function<void()>& fn, bool flush_between) {
+          cudaEvent_t e0, e1;
+          CK(cudaEventCreate(&e0));
+          CK(cudaEventCreate(&e1));
+          std::vector<float> t;
+          for (int r = 0; r < 31; ++r) {
+            CK(cudaMemsetAsync(g_flush, r, kFlush));
+            prefix();
+            if (flush_between) CK(cudaMemsetAsync(g_flush, r + 1, kFlush));
+            CK(cudaEventRecord(e0));
+            fn();
+            CK(cudaEventRecord(e1));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            t.push_back(ms * 1e3f);
+          }
+          CK(cudaGetLastError());
+          std::sort(t.begin(), t.end());
+          return t[t.size() / 2];
+        };
+        auto normalize = [&](const T* r) {
+          if (r != nullptr) {
+            normalize_rows_vec_kernel<T, true, int>
+                <<<grid, block>>>(x, r, y, mask2, wk.vectors, int(rows), int(C), int(p.rows_per_chunk), true);
+          } else {
+            normalize_rows_vec_kernel<T, false, int>
+                <<<grid, block>>>(x, nullptr, y, mask2, wk.vectors, int(rows), int(C), int(p.rows_per_chunk), true);
+          }
+        };
+        auto backward = [&] {
+          backward_rows_vec_kernel<T, int><<<grid, block>>>(g, x, mask, y, nullptr, wk.vectors, int(rows), int(C),
+                                                            int(p.rows_per_chunk),
+                                                            BackwardFlags{true, true, false, true});
+        };
+        const float n_l2 = after(fwd_prefix, [&] { normalize(nullptr); }, false);
+        const float n_fl = after(fwd_prefix, [&] { normalize(nullptr); }, true);
+        const float r_l2 = after(fwd_prefix, [&] { normalize(res); }, false);
+        const float r_fl = after(fwd_prefix, [&] { normalize(res); }, true);
+        const float b_l2 = after(bwd_prefix, backward, false);
+        const float b_fl = after(bwd_prefix, backward, true);
+        std::printf(
+            "after the reduction, L2 as left / flushed: normalize %.1f / %.1f us, with the residual %.1f / %.1f, "
+            "backward elementwise %.1f / %.1f\n",
+            n_l2, n_fl, r_l2, r_fl, b_l2, b_fl);
+      }
       // the finalize kernels alone; then one more forward and backward, and a hash of their outputs and statistics (the
       // same bits across builds that change only how the passes run)
       const int64_t chunks = reduce_chunks(Path::rows, fa.shape);
