@@ -47,7 +47,10 @@ inline float from_elem(T v) { return __bfloat162float(v); }
 char* g_flush = nullptr;
 constexpr size_t kFlush = 256u << 20;
 
-float median_us(const std::function<void()>& fn, int reps = 15) {
+// Median of reps timings of fn() (CUDA events), L2 flushed before each; with a prefix, the prefix runs untimed between
+// the flush and fn() (then, with flush_between, L2 is flushed again before fn()). One untimed call of fn() first.
+float median_us(const std::function<void()>& fn, int reps = 15, const std::function<void()>& prefix = nullptr,
+                bool flush_between = false) {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
@@ -55,6 +58,10 @@ float median_us(const std::function<void()>& fn, int reps = 15) {
   std::vector<float> t;
   for (int r = 0; r < reps; ++r) {
     CK(cudaMemsetAsync(g_flush, r, kFlush));
+    if (prefix) {
+      prefix();
+      if (flush_between) CK(cudaMemsetAsync(g_flush, r + 1, kFlush));
+    }
     CK(cudaEventRecord(a));
     fn();
     CK(cudaEventRecord(b));
@@ -304,25 +311,7 @@ int main(int argc, char** argv) {
               <<<finalize_grid(C), dim3(kFinalizeCols, kFinalizeRows)>>>(b, wk.partial, ch, wk.vectors);
         };
         auto after = [&](const std::function<void()>& prefix, const std::function<void()>& fn, bool flush_between) {
-          cudaEvent_t e0, e1;
-          CK(cudaEventCreate(&e0));
-          CK(cudaEventCreate(&e1));
-          std::vector<float> t;
-          for (int r = 0; r < 31; ++r) {
-            CK(cudaMemsetAsync(g_flush, r, kFlush));
-            prefix();
-            if (flush_between) CK(cudaMemsetAsync(g_flush, r + 1, kFlush));
-            CK(cudaEventRecord(e0));
-            fn();
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            t.push_back(ms * 1e3f);
-          }
-          CK(cudaGetLastError());
-          std::sort(t.begin(), t.end());
-          return t[t.size() / 2];
+          return median_us(fn, 31, prefix, flush_between);
         };
         auto normalize = [&](const T* r) {
           if (r != nullptr) {
