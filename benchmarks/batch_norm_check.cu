@@ -9,16 +9,16 @@
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I cuda_ops \
 //        benchmarks/batch_norm_check.cu cuda_ops/common.cu -o /tmp/batch_norm_check && /tmp/batch_norm_check
 //
-// With --passes it times, besides the plain read and copy, only each direction through the library's launcher at every
-// shape, median of 31: BN + ReLU, each direction followed by a plain read of its output (the next layer's read), BN +
-// add + ReLU, its backward followed by a read of grad_residual, each elementwise pass alone after its reduction with L2
-// as that leaves it and flushed (batch_norm_check_l2_h200.txt), and the two finalize kernels alone (L2 flushed: their
-// partial sums come from DRAM, where in the library they are in L2); then it prints a hash of BN + add + ReLU's outputs
-// and statistics, the same bits across builds that change only how the passes run
-// (benchmarks/results/batch_norm_check_l2_h200.txt; the batch_norm_check_*_h200.txt files of 2026-11-29 before it came
-// from earlier forms of this mode). -DBN_CHECK_FLOAT=1 builds it for float32 instead of
-// bf16. With --profile it runs only a plain read and the library's two reductions (its launcher and plan), once each at
-// the two large shapes, for ncu:
+// With --passes it times, besides the plain read and copy, only each direction through the library's launcher at
+// every shape, median of 31: BN + ReLU, each direction followed by a plain read of its output (the next layer's
+// read), BN + add + ReLU, its backward followed by a read of grad_residual, each elementwise pass alone after its
+// reduction with L2 as that leaves it and flushed, the normalize against a copy, and the two finalize kernels alone
+// (L2 flushed: their partial sums come from DRAM, where in the library they are in L2); then it prints a hash of BN
+// + add + ReLU's outputs and statistics, the same bits across builds that change only how the passes run
+// (benchmarks/results/batch_norm_check_normalize_bound_h200.txt; the other batch_norm_check_*_h200.txt files of
+// 2026-11-29 came from earlier forms of this mode). -DBN_CHECK_FLOAT=1 builds it for float32 instead of bf16. With
+// --profile it runs only a plain read and the library's two reductions (its launcher and plan), once each at the two
+// large shapes, for ncu:
 //   ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats /tmp/batch_norm_check \
 //       --profile
 #include <cmath>
@@ -337,6 +337,26 @@ int main(int argc, char** argv) {
             "after the reduction, L2 as left / flushed: normalize %.1f / %.1f us, with the residual %.1f / %.1f, "
             "backward elementwise %.1f / %.1f\n",
             n_l2, n_fl, r_l2, r_fl, b_l2, b_fl);
+        // what bounds the normalize when x is in L2: without the relu mask's byte stores, after a plain read of x
+        // instead of the reduction, and a copy of x to y after that read (a read from L2 and a write, no arithmetic)
+        auto read_x = [&] {
+          read_sum_kernel<<<prop.multiProcessorCount * 8, 256>>>(reinterpret_cast<const uint4*>(x),
+                                                                 E * int64_t(sizeof(T)) / 16, out);
+        };
+        const float n_nomask = after(
+            fwd_prefix,
+            [&] {
+              normalize_rows_vec_kernel<T, false, int><<<grid, block>>>(x, nullptr, y, nullptr, wk.vectors, int(rows),
+                                                                        int(C), int(p.rows_per_chunk), false);
+            },
+            false);
+        const float n_read = after(read_x, [&] { normalize(nullptr); }, false);
+        const float copy_read =
+            after(read_x, [&] { CK(cudaMemcpyAsync(y, x, E * sizeof(T), cudaMemcpyDeviceToDevice)); }, false);
+        std::printf(
+            "normalize (L2 as left) without the mask %.1f us; after a plain read of x: normalize %.1f us, a copy of "
+            "x to y %.1f us\n",
+            n_nomask, n_read, copy_read);
       }
       // the finalize kernels alone; then one more forward and backward, and a hash of their outputs and statistics (the
       // same bits across builds that change only how the passes run)
