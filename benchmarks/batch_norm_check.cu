@@ -233,7 +233,7 @@ int main(int argc, char** argv) {
       for (int64_t c = 0; c < C; ++c) err = std::max(err, std::fabs(hmean[c] - ref[c]));
       return err;
     };
-    if (passes) {  // each direction of BN + ReLU through the library's launcher, L2 flushed before each
+    if (passes) {  // each direction through the library's launcher (and the passes alone), L2 flushed before each
       BatchNormForwardArgs<T, float> f = fa;
       f.mask = mask2;
       BatchNormBackwardArgs<T, float> b;
@@ -289,9 +289,9 @@ int main(int argc, char** argv) {
       std::printf("BN + add + ReLU backward then a read of grad_residual %.1f us\n", tbrc);
       // The elementwise passes alone, after their direction's reduction and finalize, with L2 as those leave it and
       // flushed in between: what each pass finds in L2 (it walks the rows in reverse, from those read last).
+      const int64_t chunks = reduce_chunks(Path::rows, fa.shape);  // as the launcher splits ws
+      const Workspace<float> w = split_workspace<float>(ws, chunks, C);
       {
-        const int64_t ch = reduce_chunks(Path::rows, fa.shape);
-        const Workspace<float> wk = split_workspace<float>(ws, ch, C);
         const RowsPlan p = rows_plan(rows, C, false);
         const dim3 grid(unsigned(p.col_blocks), unsigned(p.chunks)), block(p.bx, p.by);
         ReduceIn<T> fin_in, bin_in;
@@ -301,14 +301,13 @@ int main(int argc, char** argv) {
         bin_in.mask = mask;
         bin_in.mean = save_mean;
         auto fwd_prefix = [&] {
-          CK(launch_reduce<T>(Path::rows, fin_in, fa.shape, ch, false, wk.partial, nullptr));
-          finalize_forward_kernel<T, float>
-              <<<finalize_grid(C), dim3(kFinalizeCols, kFinalizeRows)>>>(f, wk.partial, ch, wk.vectors);
+          CK(launch_reduce<T>(Path::rows, fin_in, fa.shape, chunks, false, w.partial, nullptr));
+          launch_finalize<kFinalizeCols, kFinalizeRows>(f, w.partial, chunks, w.vectors);
         };
         auto bwd_prefix = [&] {
-          CK(launch_reduce<T>(Path::rows, bin_in, fa.shape, ch, true, wk.partial, nullptr));
+          CK(launch_reduce<T>(Path::rows, bin_in, fa.shape, chunks, true, w.partial, nullptr));
           finalize_backward_kernel<T, float>
-              <<<finalize_grid(C), dim3(kFinalizeCols, kFinalizeRows)>>>(b, wk.partial, ch, wk.vectors);
+              <<<finalize_grid(C), dim3(kFinalizeCols, kFinalizeRows)>>>(b, w.partial, chunks, w.vectors);
         };
         auto after = [&](const std::function<void()>& prefix, const std::function<void()>& fn, bool flush_between) {
           return median_us(fn, 31, prefix, flush_between);
@@ -316,14 +315,14 @@ int main(int argc, char** argv) {
         auto normalize = [&](const T* r) {
           if (r != nullptr) {
             normalize_rows_vec_kernel<T, true, int>
-                <<<grid, block>>>(x, r, y, mask2, wk.vectors, int(rows), int(C), int(p.rows_per_chunk), true);
+                <<<grid, block>>>(x, r, y, mask2, w.vectors, int(rows), int(C), int(p.rows_per_chunk), true);
           } else {
             normalize_rows_vec_kernel<T, false, int>
-                <<<grid, block>>>(x, nullptr, y, mask2, wk.vectors, int(rows), int(C), int(p.rows_per_chunk), true);
+                <<<grid, block>>>(x, nullptr, y, mask2, w.vectors, int(rows), int(C), int(p.rows_per_chunk), true);
           }
         };
         auto backward = [&] {
-          backward_rows_vec_kernel<T, int><<<grid, block>>>(g, x, mask, y, nullptr, wk.vectors, int(rows), int(C),
+          backward_rows_vec_kernel<T, int><<<grid, block>>>(g, x, mask, y, nullptr, w.vectors, int(rows), int(C),
                                                             int(p.rows_per_chunk),
                                                             BackwardFlags{true, true, false, true});
         };
@@ -339,15 +338,12 @@ int main(int argc, char** argv) {
             n_l2, n_fl, r_l2, r_fl, b_l2, b_fl);
         // what bounds the normalize when x is in L2: without the relu mask's byte stores, after a plain read of x
         // instead of the reduction, and a copy of x to y after that read (a read from L2 and a write, no arithmetic)
-        auto read_x = [&] {
-          read_sum_kernel<<<prop.multiProcessorCount * 8, 256>>>(reinterpret_cast<const uint4*>(x),
-                                                                 E * int64_t(sizeof(T)) / 16, out);
-        };
+        auto read_x = [&] { read(x); };
         const float n_nomask = after(
             fwd_prefix,
             [&] {
-              normalize_rows_vec_kernel<T, false, int><<<grid, block>>>(x, nullptr, y, nullptr, wk.vectors, int(rows),
-                                                                        int(C), int(p.rows_per_chunk), false);
+              normalize_rows_vec_kernel<T, false, int>
+                  <<<grid, block>>>(x, nullptr, y, nullptr, w.vectors, int(rows), int(C), int(p.rows_per_chunk), false);
             },
             false);
         const float n_read = after(read_x, [&] { normalize(nullptr); }, false);
@@ -360,8 +356,6 @@ int main(int argc, char** argv) {
       }
       // the finalize kernels alone; then one more forward and backward, and a hash of their outputs and statistics (the
       // same bits across builds that change only how the passes run)
-      const int64_t chunks = reduce_chunks(Path::rows, fa.shape);
-      const Workspace<float> w = split_workspace<float>(ws, chunks, C);
       const float tff =
           median_us([&] { launch_finalize<kFinalizeCols, kFinalizeRows>(f, w.partial, chunks, w.vectors); }, 31);
       const float tfb = median_us(
