@@ -16,7 +16,10 @@
 // (L2 flushed: their partial sums come from DRAM, where in the library they are in L2); then it prints a hash of BN
 // + add + ReLU's outputs and statistics, the same bits across builds that change only how the passes run
 // (benchmarks/results/batch_norm_check_normalize_bound_h200.txt; the other batch_norm_check_*_h200.txt files of
-// 2026-11-29 came from earlier forms of this mode). -DBN_CHECK_FLOAT=1 builds it for float32 instead of bf16. With
+// 2026-11-29 came from earlier forms of this mode). With --read it times the library's two reductions against plain
+// reads of the same bytes as one buffer (1, 4 or 8 loads in flight per thread) and against reads through the copy
+// engine (bulk copies into a shared-memory ring): what a reduction costs beyond the device's read speed
+// (benchmarks/results/batch_norm_check_read_h200.txt). -DBN_CHECK_FLOAT=1 builds it for float32 instead of bf16. With
 // --profile it runs only a plain read and the library's two reductions (its launcher and plan), once each at the two
 // large shapes, for ncu:
 //   ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats /tmp/batch_norm_check \
@@ -29,6 +32,7 @@
 #include <vector>
 
 #include "../cuda_ops/batch_norm.cu"  // the anonymous namespace's kernels and plans
+#include "../cuda_ops/sm90.cuh"
 #include "cuda_check.h"
 
 using namespace torchext::cuda_ops;
@@ -84,13 +88,60 @@ uint64_t hash_dev(const void* p, size_t n) {
   return v;
 }
 
+// A plain read of n 16-byte vectors: a grid-stride loop, U vectors in flight per thread.
+template <int U = 1>
 __global__ void read_sum_kernel(const uint4* __restrict__ p, int64_t n, float* out) {
   float acc = 0;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const uint4 v = p[i];
-    acc += __uint_as_float(v.x) + __uint_as_float(v.y) + __uint_as_float(v.z) + __uint_as_float(v.w);
+  const int64_t total = int64_t(gridDim.x) * blockDim.x;
+  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  for (; i + (U - 1) * total < n; i += U * total) {
+    uint4 v[U];
+#pragma unroll
+    for (int k = 0; k < U; ++k) v[k] = p[i + k * total];
+#pragma unroll
+    for (int k = 0; k < U; ++k) acc += __uint_as_float(v[k].x) + __uint_as_float(v[k].w);
   }
+  for (; i < n; i += total) acc += __uint_as_float(p[i].x);
   if (acc == 1.2345f) *out = acc;  // keeps the loads
+}
+
+// The same read through the copy engine (--read): tiles of TILE bytes, tile t to block t % gridDim.x, each block's
+// tiles bulk-copied (cp.async.bulk, 1-D) into a ring of S shared-memory stages by one thread and summed from there by
+// all; no registers hold loads in flight, so the bytes in flight are S x TILE per block.
+template <int S, int TILE>
+__global__ void read_bulk_kernel(const char* __restrict__ p, int64_t tiles, float* out) {
+#if defined(TORCHEXT_WGMMA_DEVICE)
+  extern __shared__ __align__(128) char ring[];
+  __shared__ uint64_t full[S];
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) sm90::mbar_init(&full[s], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  auto issue = [&](int s, int64_t t) {
+    sm90::mbar_arrive_expect_tx(&full[s], TILE);
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     sm90::smem_addr(ring + s * TILE)),
+                 "l"(p + t * TILE), "r"(TILE), "r"(sm90::smem_addr(&full[s]))
+                 : "memory");
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S && blockIdx.x + int64_t(s) * gridDim.x < tiles; ++s)
+      issue(s, blockIdx.x + int64_t(s) * gridDim.x);
+  }
+  float acc = 0;
+  int k = 0;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x, ++k) {
+    const int s = k % S;
+    sm90::mbar_wait(&full[s], uint32_t(k / S) & 1u);
+    const uint4* q = reinterpret_cast<const uint4*>(ring + s * TILE);
+    for (int i = threadIdx.x; i < TILE / 16; i += blockDim.x) acc += __uint_as_float(q[i].x) + __uint_as_float(q[i].w);
+    __syncthreads();  // the stage is read: refill it
+    const int64_t next = t + int64_t(S) * gridDim.x;
+    if (threadIdx.x == 0 && next < tiles) issue(s, next);
+  }
+  if (acc == 1.2345f) *out = acc;
+#endif
 }
 
 template <int ILP, int MINB>
@@ -150,6 +201,7 @@ using namespace bn_check;
 int main(int argc, char** argv) {
   const bool profile = argc > 1 && std::string(argv[1]) == "--profile";
   const bool passes = argc > 1 && std::string(argv[1]) == "--passes";
+  const bool read_mode = argc > 1 && std::string(argv[1]) == "--read";
   int dev = 0;
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, dev));
@@ -198,8 +250,8 @@ int main(int argc, char** argv) {
     std::printf("## %lld x %lld (one tensor %.1f MB)\n\n", (long long)rows, (long long)C, mb);
     if (!profile) {
       const float t_read = median_us([&] {
-        read_sum_kernel<<<prop.multiProcessorCount * 8, 256>>>(reinterpret_cast<const uint4*>(x),
-                                                               E * int64_t(sizeof(T)) / 16, out);
+        read_sum_kernel<><<<prop.multiProcessorCount * 8, 256>>>(reinterpret_cast<const uint4*>(x),
+                                                                 E * int64_t(sizeof(T)) / 16, out);
       });
       const float t_copy = median_us([&] { CK(cudaMemcpyAsync(y, x, E * sizeof(T), cudaMemcpyDeviceToDevice)); });
       std::printf("read one tensor: %.1f us (%.0f GB/s); copy one tensor: %.1f us (%.0f GB/s moved)\n\n", t_read,
@@ -254,8 +306,8 @@ int main(int argc, char** argv) {
       // each direction followed by the next layer's read of its output (a plain read of y, of dx): what the
       // output's cache policy costs or saves the reader
       auto read = [&](const T* p) {
-        read_sum_kernel<<<prop.multiProcessorCount * 8, 256>>>(reinterpret_cast<const uint4*>(p),
-                                                               E * int64_t(sizeof(T)) / 16, out);
+        read_sum_kernel<><<<prop.multiProcessorCount * 8, 256>>>(reinterpret_cast<const uint4*>(p),
+                                                                 E * int64_t(sizeof(T)) / 16, out);
       };
       const float tfc = median_us(
           [&] {
@@ -375,9 +427,48 @@ int main(int argc, char** argv) {
       CK(cudaFree(res));
       CK(cudaFree(gres));
       CK(cudaFree(ws));
+    } else if (read_mode) {  // the reductions against plain reads of their bytes, and reads through the copy engine
+      // one buffer of the backward's bytes (dy, x and the mask), rounded up to whole 16 KiB tiles
+      const int64_t b1 = E * int64_t(sizeof(T)), b2 = (2 * b1 + E / 8 + 16383) / 16384 * 16384;
+      char* buf;
+      CK(cudaMalloc(&buf, b2));
+      CK(cudaMemset(buf, 1, b2));
+      const int sms = prop.multiProcessorCount;
+      auto bulk = [&](const char* p, int64_t bytes) {
+        constexpr int S = 4, kTile = 16384;
+        static bool once = [] {
+          CK(cudaFuncSetAttribute(read_bulk_kernel<S, kTile>, cudaFuncAttributeMaxDynamicSharedMemorySize, S * kTile));
+          return true;
+        }();
+        (void)once;
+        read_bulk_kernel<S, kTile><<<sms * 2, 256, S * kTile>>>(p, bytes / kTile, out);
+      };
+      std::printf(
+          "| bytes | plain read, 1 x 16 B a thread, 8 blocks/SM | 8 x 16 B, 2 blocks/SM | 4 x 16 B, 8 blocks/SM "
+          "| bulk copies, 4 x 16 KiB stages, 2 blocks/SM | the library's reduction |\n|---|---|---|---|---|---|\n");
+      for (int bwd = 0; bwd < 2; ++bwd) {
+        const char* p = bwd ? buf : reinterpret_cast<const char*>(x);
+        const int64_t bytes = bwd ? b2 : b1, n = bytes / 16;
+        const auto* v = reinterpret_cast<const uint4*>(p);
+        const float t1 = median_us([&] { read_sum_kernel<1><<<sms * 8, 256>>>(v, n, out); }, 31);
+        const float t8 = median_us([&] { read_sum_kernel<8><<<sms * 2, 256>>>(v, n, out); }, 31);
+        const float t4 = median_us([&] { read_sum_kernel<4><<<sms * 8, 256>>>(v, n, out); }, 31);
+        const float tb = median_us([&] { bulk(p, bytes); }, 31);
+        const ReduceIn<T> in = reduce_in(bwd);
+        const float tr = median_us(
+            [&] {
+              CK(launch_reduce<T>(Path::rows, in, fa.shape, reduce_chunks(Path::rows, fa.shape), bwd, partial,
+                                  nullptr));
+            },
+            31);
+        std::printf("| %.1f MB (%s) | %.1f us | %.1f | %.1f | %.1f | %.1f (%s, %.1f MB) |\n", bytes / 1e6,
+                    bwd ? "dy, x, mask" : "x", t1, t8, t4, tb, tr, bwd ? "backward" : "forward statistics",
+                    (bwd ? 2 * b1 + E / 8 : b1) / 1e6);
+      }
+      CK(cudaFree(buf));
     } else if (profile) {  // one launch of each, for ncu (which flushes the caches between kernels by default)
-      read_sum_kernel<<<prop.multiProcessorCount * 8, 256>>>(reinterpret_cast<const uint4*>(x),
-                                                             E * int64_t(sizeof(T)) / 16, out);
+      read_sum_kernel<>
+          <<<prop.multiProcessorCount * 8, 256>>>(reinterpret_cast<const uint4*>(x), E * int64_t(sizeof(T)) / 16, out);
       for (int bwd = 0; bwd < 2; ++bwd) {  // the library's own launcher and plan
         CK(launch_reduce<T>(Path::rows, reduce_in(bwd), fa.shape, reduce_chunks(Path::rows, fa.shape), bwd, partial,
                             nullptr));
