@@ -317,18 +317,23 @@ def test_backward_op_output_masks(device):
                 assert have.numel() == 0, f"[mask {output_mask}: result {i} should be empty] {tuple(have.shape)}"
 
 
-def test_gradcheck_and_gradgradcheck():
-    """float64 on the CPU: first and second derivatives of each op in training and eval, NCHW and channels-last, with
-    and without affine parameters, through input, residual, weight and bias."""
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(3, 2, 2, 3), (2, 8, 2, 1)], ids=["C2", "C8"])
+def test_gradcheck_and_gradgradcheck(device, shape):
+    """float64: first and second derivatives of each op in training and eval, NCHW and channels-last, with and without
+    affine parameters, through input, residual, weight and bias. On the GPU the first derivatives run the CUDA kernels
+    (C = 8 channels-last: the vectorized rows kernels; C = 2 and NCHW: the others), the second compose ATen ops."""
+    C = shape[1]
     for layout in ("contiguous", "channels_last"):
-        x = make_tensor((3, 2, 2, 3), torch.float64, "cpu", layout, requires_grad=True)
-        r = make_tensor(x.shape, torch.float64, "cpu", layout, requires_grad=True)
-        w = make_tensor((2,), torch.float64, "cpu", low=0.5, high=2.0, requires_grad=True)
-        b = make_tensor((2,), torch.float64, "cpu", requires_grad=True)
+        x = make_tensor(shape, torch.float64, device, layout, requires_grad=True)
+        r = make_tensor(x.shape, torch.float64, device, layout, requires_grad=True)
+        w = make_tensor((C,), torch.float64, device, low=0.5, high=2.0, requires_grad=True)
+        b = make_tensor((C,), torch.float64, device, requires_grad=True)
         for training in (True, False):
 
             def norm(op, *args, training=training):
-                rm, rv = torch.zeros(2, dtype=torch.float64), torch.ones(2, dtype=torch.float64)
+                rm = torch.zeros(C, dtype=torch.float64, device=device)
+                rv = torch.ones(C, dtype=torch.float64, device=device)
                 if op == "add_relu":
                     x, r, w, b = args
                     return tf.batch_norm_add_relu(x, r, rm, rv, w, b, training)
