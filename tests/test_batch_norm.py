@@ -318,11 +318,12 @@ def test_backward_op_output_masks(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("shape", [(3, 2, 2, 3), (2, 8, 2, 1)], ids=["C2", "C8"])
+@pytest.mark.parametrize("shape", [(3, 2, 2, 3), (1, 8, 2, 4)], ids=["C2", "C8"])
 def test_gradcheck_and_gradgradcheck(device, shape):
     """float64: first and second derivatives of each op in training and eval, NCHW and channels-last, with and without
     affine parameters, through input, residual, weight and bias. On the GPU the first derivatives run the CUDA kernels
-    (C = 8 channels-last: the vectorized rows kernels; C = 2 and NCHW: the others), the second compose ATen ops."""
+    (C = 8, H W = 8: the vectorized rows kernels in channels-last, the planes kernels in NCHW; C = 2: the simple ones),
+    the second compose ATen ops."""
     C = shape[1]
     for layout in ("contiguous", "channels_last"):
         x = make_tensor(shape, torch.float64, device, layout, requires_grad=True)
