@@ -29,7 +29,7 @@
 //               (the thread's channels' coefficients in registers) and threadIdx.y over rows, 4 rows in flight per
 //               thread (8 in half types' forward statistics). The reductions: 264 long blocks per pass (2 per SM on
 //               an H200 and H100) that sweep the tensor together (RowsTile::for_rows_swept), each block's rows
-//               combined by a fixed tree (sums in registers, exchanged through shared memory). Written for occupancy,
+//               added in one step through shared memory (in row order). Written for occupancy,
 //               which is what keeps enough bytes in flight: 32-bit offsets where the tensor allows, the residual a
 //               template parameter, registers capped for 2 blocks per SM (3 for half types' normalize); the
 //               finalize's block is 4 channels x 64 rows of chunks. The backward's elementwise pass reads
@@ -330,7 +330,7 @@ __device__ __forceinline__ void reduce_rows_group(const ReduceIn<T>& in, const R
 }
 
 // rows x C: each thread sums its unit over the rows of its block's slabs (RowsTile::for_rows_swept), N rows at a
-// time; the block's rows are combined by a fixed tree over ty.
+// time; then the block's rows are added in row order (one barrier).
 template <typename T, bool BWD, typename I, int N = BWD ? kReduceIlpBwd : kReduceIlpFwd<T>,
           int MINB = kRowsMinBlocks<T>>
 __global__ void __launch_bounds__(kThreads, MINB)
@@ -358,42 +358,29 @@ __global__ void __launch_bounds__(kThreads, MINB)
       reduce_rows_group<T, BWD, decltype(n)::value>(in, t, e, m, ref, s0, s1);
     });
   }
-  // The block's rows, combined by a fixed tree over ty. Each thread keeps its sums in registers: at each level the
-  // upper half stores theirs (each slot is written once, so one barrier a level) and the lower half adds them, its
-  // loads issued before its adds. The additions and their order are the tree's as before 2026-11-29, when the lower
-  // half added in place in shared memory, value by value (a dependent load, add and store each, 8-way bank conflicts):
-  // about 3 us of each reduction at 512x64x32x32 bf16 on an H200.
-  const int slot = (ty * bx + tx) * kUnit;
-  for (int half = by / 2; half > 0; half /= 2) {
-    if (ty >= half && ty < 2 * half) {
+  // The block's rows, added in one step: every thread stores its sums, one barrier, then thread k adds value k (and
+  // k + kThreads, ...) of the block's 2 x bx x 8 sums over the by rows, in row order, and stores it (consecutive
+  // threads, consecutive channels). It replaced a tree over ty (log2(by) levels, a barrier each), which runs after the
+  // block's last loads, where nothing hides it: on an H200 each reduction took 0.1-0.5 us less (512x128x16x16 bf16:
+  // forward statistics 16.6 -> 16.1 us, backward 28.0-28.2 -> 27.7; CUDA events, L2 flushed;
+  // benchmarks/results/batch_norm_check_block_sum_h200.txt). A value adds by partial sums (at most 32 at C >= 64;
+  // 256 at C = 8).
+  const int per = bx * kUnit;  // a row's values of one sum: bx units of 8 channels
 #pragma unroll
-      for (int j = 0; j < kUnit; ++j) {
-        sh[0][slot + j] = s0[j];
-        sh[1][slot + j] = s1[j];
-      }
-    }
-    __syncthreads();
-    if (ty < half) {
-      const int other = ((ty + half) * bx + tx) * kUnit;
-      A o0[kUnit], o1[kUnit];
-#pragma unroll
-      for (int j = 0; j < kUnit; ++j) {
-        o0[j] = sh[0][other + j];
-        o1[j] = sh[1][other + j];
-      }
-#pragma unroll
-      for (int j = 0; j < kUnit; ++j) {
-        s0[j] += o0[j];
-        s1[j] += o1[j];
-      }
-    }
+  for (int j = 0; j < kUnit; ++j) {
+    sh[0][ty * per + tx * kUnit + j] = s0[j];
+    sh[1][ty * per + tx * kUnit + j] = s1[j];
   }
-  if (ty == 0 && t.active()) {
-#pragma unroll
-    for (int j = 0; j < kUnit; ++j) {
-      partial[chunk * C + t.c0 + j] = s0[j];
-      partial[(chunks + chunk) * C + t.c0 + j] = s1[j];
-    }
+  __syncthreads();
+  for (int v = ty * bx + tx; v < 2 * per; v += bx * by) {
+    const int which = v / per, rem = v - which * per;
+    const I unit = I(blockIdx.x) * I(bx) + I(rem / kUnit);
+    if (unit >= C / kUnit) continue;
+    const A* col = sh[which] + rem;
+    A sum = col[0];
+#pragma unroll 8
+    for (int r = 1; r < by; ++r) sum += col[r * per];
+    partial[(which ? chunks + chunk : chunk) * C + unit * kUnit + rem % kUnit] = sum;
   }
 }
 
