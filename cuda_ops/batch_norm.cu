@@ -363,8 +363,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
   // threads, consecutive channels). It replaced a tree over ty (log2(by) levels, a barrier each), which runs after the
   // block's last loads, where nothing hides it: on an H200 each reduction took 0.1-0.5 us less (512x128x16x16 bf16:
   // forward statistics 16.6 -> 16.1 us, backward 28.0-28.2 -> 27.7; CUDA events, L2 flushed;
-  // benchmarks/results/batch_norm_check_block_sum_h200.txt). A value adds by partial sums (at most 32 at C >= 64;
-  // 256 at C = 8).
+  // benchmarks/results/batch_norm_check_block_sum_h200.txt). A value adds `by` (blockDim.y) partial sums (at most 32 at
+  // C >= 64; 256 at C = 8).
   const int per = bx * kUnit;  // a row's values of one sum: bx units of 8 channels
 #pragma unroll
   for (int j = 0; j < kUnit; ++j) {
