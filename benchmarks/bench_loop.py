@@ -50,6 +50,9 @@ the steps at which the loader prepares its next chunk against the others, p99 an
 step's end on the GPU), the lag (the host's return from a step to the step's end on the GPU), the drain (the host's
 return from the last step to the end of the final synchronization), the garbage collector's time and passes during
 the loop, and the caching allocator's new segments (cudaMalloc calls). Rows: median, p20 and p80 over the runs.
+Each run is also set against the bare loop's run of the same provider in the same round (``x_bare_paired``, unit
+ratio): a kind's runs spread by about 10% from round to round on a host-bound step, which these ratios cancel.
+``--kinds`` narrows the kinds (bare always runs), so that more rounds fit in a call.
 """
 
 import argparse
@@ -405,7 +408,8 @@ def bench_timeline(model: str, args, device: torch.device, writer: CsvWriter) ->
         c.net.train()
         bares[provider] = bare_step(c.net, c.criterion, cfg, device)
         cycles[provider] = itertools.cycle(premade)
-    keys = [(provider, kind) for provider in PROVIDERS for kind in TIMELINE_KINDS]
+    kinds = args.kinds
+    keys = [(provider, kind) for provider in PROVIDERS for kind in kinds]
     epoch = 0
 
     def run(key, n):
@@ -422,6 +426,7 @@ def bench_timeline(model: str, args, device: torch.device, writer: CsvWriter) ->
     for r in range(args.rounds):
         order = list(keys)
         random.Random(r).shuffle(order)  # each round in its own order: no kind always follows the same one
+        walls = {}
         for key in order:
             before = _segments(device)
             stamped, seconds = run(key, steps)
@@ -430,6 +435,13 @@ def bench_timeline(model: str, args, device: torch.device, writer: CsvWriter) ->
                 figures["segments"] = _segments(device) - before
             for metric, value in figures.items():
                 samples[key].setdefault(metric, []).append(value)
+            walls[key] = figures["wall_time"]
+        # Paired: each run against the bare loop of the same provider in the same round (seconds apart), so that the
+        # machine's drift from round to round, which spreads a kind's runs by about 10%, cancels.
+        for provider, kind in keys:
+            samples[(provider, kind)].setdefault("x_bare_paired", []).append(
+                walls[(provider, kind)] / walls[(provider, "bare")]
+            )
     out = {key: {metric: stats(v) for metric, v in m.items()} for key, m in samples.items()}
     for provider, c in contenders.items():
         loss_sum = torch.zeros((), device=device)
@@ -439,14 +451,14 @@ def bench_timeline(model: str, args, device: torch.device, writer: CsvWriter) ->
             "loop": lambda c=c, it=batches, s=loss_sum: _train_batch(c, *next(it), cfg, device, dist, s),
         }
         for kind, fn in fns.items():
-            us = gpu_us_per_step(fn, args.profile_steps, device)
+            us = gpu_us_per_step(fn, args.profile_steps, device) if (provider, kind) in out else None
             if us is not None:
                 out[(provider, kind)]["gpu_time"] = Timing(us, us, us)
     shape = (cfg.batch_size, 3, 32, 32)
     dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(cfg.amp, "float32")
     for (provider, kind), metrics in out.items():
         for metric, t in metrics.items():
-            unit = "count" if metric in COUNT_METRICS else "us"
+            unit = "count" if metric in COUNT_METRICS else "ratio" if metric == "x_bare_paired" else "us"
             writer.row(model, provider, f"run_{kind}", shape, dtype, metric, unit, t.p50, t.p20, t.p80)
     return {"cfg": cfg, "timeline": out, "epoch_steps": steps, "chunk": loader.chunk}
 
@@ -524,7 +536,7 @@ def _busy(t: dict, pace: str) -> str:
     busy = []
     for provider in PROVIDERS:
         for loop in ("bare", "loop"):
-            g = t[(provider, loop)].get("gpu_time")
+            g = t.get((provider, loop), {}).get("gpu_time")
             if g is not None:
                 share = g.p50 / t[(provider, loop)][pace].p50
                 busy.append(f"{provider} {loop} {g.p50 / 1000:.3f} ms ({100 * share:.0f}% busy)")
@@ -566,33 +578,53 @@ def _render_timeline(model: str, r: dict, args) -> list:
         "",
         _heading(model, r, f"runs of one epoch's {steps} steps (--timeline)"),
         "",
-        "| run | stock mean | x bare | stock median | mean / median | torchext mean | x bare | torchext median "
-        "| mean / median |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| run | stock mean | x bare | paired x bare | stock median | mean / median | torchext mean | x bare "
+        "| paired x bare | torchext median | mean / median |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for kind in TIMELINE_KINDS:
+    for kind in args.kinds:
         cells = []
         for p in PROVIDERS:
             m = t[(p, kind)]
+            x = m["x_bare_paired"]
             cells += [_ms(m["wall_time"]), f"{ratio(p, kind, 'wall_time', 'bare', 'wall_time'):.3f}x"]
+            cells += [f"{x.p50:.3f}x ({x.p20:.3f}-{x.p80:.3f})"]
             cells += [_ms(m["step_p50"]), f"{ratio(p, kind, 'wall_time', kind, 'step_p50'):.3f}x"]
         lines.append(f"| {TIMELINE_LABELS[kind]} | {' | '.join(cells)} |")
 
     def each(kind, metric, base_kind, base_metric):
         return ", ".join(f"{p} {ratio(p, kind, metric, base_kind, base_metric):.3f}x" for p in PROVIDERS)
 
+    def paired(kind):
+        return ", ".join(
+            f"{p} {t[(p, kind)]['x_bare_paired'].p50:.3f}x ({t[(p, kind)]['x_bare_paired'].p20:.3f}-"
+            f"{t[(p, kind)]['x_bare_paired'].p80:.3f})"
+            for p in PROVIDERS
+        )
+
     lines += [
         "",
         "'mean' is a run's wall-clock time (synchronized before and after) over its steps, as the tool reports an "
         "epoch; 'median' the median of its steps' paces, as the loop rows of the default mode report a loop; "
-        "'x bare' sets a run's mean against the bare loop's mean, 'mean / median' against its own median.",
-        f"- The epoch's mean against the bare loop's median (the comparison of the default mode): "
-        f"{each('epoch', 'wall_time', 'bare', 'step_p50')}.",
+        "'x bare' sets a run's mean against the bare loop's mean (medians over the runs), 'paired x bare' each run "
+        "against the bare loop's run of the same round (median and p20-p80 over the rounds: the machine's drift "
+        "between rounds cancels), 'mean / median' a run's mean against its own median.",
         f"- The bare loop's mean against its own median (what comparing a mean with a median adds): "
         f"{each('bare', 'wall_time', 'bare', 'step_p50')}.",
-        f"- The epoch's mean against the bare loop's mean (like for like; goal: 1.05x or less): "
-        f"{each('epoch', 'wall_time', 'bare', 'wall_time')}; the loop's: "
-        f"{each('loop', 'wall_time', 'bare', 'wall_time')}.",
+    ]
+    if "epoch" in args.kinds:
+        lines += [
+            f"- The epoch's mean against the bare loop's median (the comparison of the default mode): "
+            f"{each('epoch', 'wall_time', 'bare', 'step_p50')}.",
+            f"- The epoch's mean against the bare loop's mean (like for like; goal: 1.05x or less): "
+            f"{each('epoch', 'wall_time', 'bare', 'wall_time')}; paired by round: {paired('epoch')}.",
+        ]
+    if "loop" in args.kinds:
+        lines.append(
+            f"- The loop's mean against the bare loop's: {each('loop', 'wall_time', 'bare', 'wall_time')}; paired by "
+            f"round: {paired('loop')}."
+        )
+    lines += [
         _busy(t, "step_mean").replace("per step:", "per step (share of the run's mean pace):"),
         "",
         "Where a run's time goes, milliseconds (median over the runs):",
@@ -601,7 +633,7 @@ def _render_timeline(model: str, r: dict, args) -> list:
         "|---|" + "---|" * (len(TIMELINE_COLUMNS) + 1),
     ]
     for p in PROVIDERS:
-        for kind in TIMELINE_KINDS:
+        for kind in args.kinds:
             m = t[(p, kind)]
             cells = [f"{m[metric].p50 / 1000:.3f}" if metric in m else "-" for metric, _ in TIMELINE_COLUMNS]
             cells[-1] += f" ({m['gc_count'].p50:g})"
@@ -636,6 +668,8 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, help="warm-up steps per loop (default: 5 on CUDA, 1 on the CPU)")
     p.add_argument("--timeline", action="store_true", help="instead of the loops' rounds, runs of one epoch's steps "
                    "of every kind (TIMELINE_KINDS), each step stamped: where the epoch's time goes")  # fmt: skip
+    p.add_argument("--kinds", default=",".join(TIMELINE_KINDS), help="--timeline: the kinds run, comma-separated "
+                   f"(bare always; default: all of {','.join(TIMELINE_KINDS)})")  # fmt: skip
     p.add_argument("--first-steps", type=int, default=5, help="--timeline: the steps counted as a run's start")
     p.add_argument("--epochs", type=int, help="whole epochs per provider (default: 3 on CUDA, 1 on the CPU)")
     p.add_argument("--epoch-images", type=int, help="images per epoch (default: 45000, CIFAR-10's training split "
@@ -650,6 +684,11 @@ def main(argv=None):
     cpu = device.type == "cpu"
     if cpu and args.batch_size is None:
         args.batch_size = 16
+    kinds = args.kinds.split(",")
+    unknown = sorted(set(kinds) - set(TIMELINE_KINDS))
+    if unknown:
+        p.error(f"--kinds: unknown {', '.join(unknown)} (expected some of {', '.join(TIMELINE_KINDS)})")
+    args.kinds = [k for k in TIMELINE_KINDS if k in kinds or k == "bare"]
     args.rounds = args.rounds or (1 if cpu else 5)
     args.warmup = args.warmup if args.warmup is not None else (1 if cpu else 5)
     args.epochs = args.epochs or (1 if cpu else 3)

@@ -7,6 +7,7 @@ import copy
 import importlib.util
 import os
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -155,6 +156,28 @@ def test_loop_benchmark_timeline_runs_on_the_cpu(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "## mlp: batch 8" in table and "runs of one epoch's 2 steps (--timeline)" in table, table
     assert "| torchext, epoch_nogc |" in table and "Where a run's time goes" in table, table
+    paired = {(c["provider"], c["mode"]): c for c in cells if c["metric"] == "x_bare_paired"}
+    assert {c["unit"] for c in paired.values()} == {"ratio"}
+    assert all(float(paired[(p, "run_bare")]["p50"]) == 1.0 for p in ("stock", "torchext")), paired
+    assert "paired by round: stock " in table, table
+
+
+def test_loop_benchmark_timeline_kinds(tmp_path, capsys):
+    """--timeline --kinds epoch: only the bare loop and the epochs run (rows and table); an unknown kind is refused
+    with the kinds expected."""
+    bench = _load_benchmark("bench_loop")
+    out = tmp_path / "timeline.csv"
+    argv = ["--device", "cpu", "--timeline", "--models", "mlp", "--batch-size", "8", "--epoch-images", "16"]
+    bench.main([*argv, "--warmup", "0", "--rounds", "2", "--kinds", "epoch", "--out", str(out)])
+    rows = out.read_text().splitlines()
+    header = rows[0].split(",")
+    modes = {dict(zip(header, r.split(","), strict=True))["mode"] for r in rows[1:]}
+    assert modes == {"run_bare", "run_epoch"}, modes
+    table = capsys.readouterr().out
+    assert "| torchext, epoch |" in table and "| torchext, loop |" not in table, table
+    with pytest.raises(SystemExit):
+        bench.main([*argv, "--kinds", "epoch,nope", "--out", str(out)])
+    assert "--kinds: unknown nope" in capsys.readouterr().err
 
 
 def test_step_host_profile_phases_and_spin_run_on_the_cpu(tmp_path, capsys):
