@@ -137,6 +137,72 @@ __device__ __forceinline__ void store8(T* __restrict__ p, const T (&in)[kUnit]) 
   }
 }
 
+// 8 elements of a 2-byte type (bfloat16, float16) as their four 32-bit words, widened to float where they are used
+// and narrowed back into words: the rows kernels' form for those types (float32 and float64 keep element arrays). For
+// bfloat16 the widening is a shift or a mask of the element's word (exact: a bfloat16 is a float's upper half) and the
+// narrowing packs two floats with one instruction; through __nv_bfloat16 values ptxas spent a byte permute and a
+// multiply on each element's widening and a permute on each narrowing (SASS, sm_90). The relu mask is applied to the
+// words (`masked`): a clear bit zeroes its element's 16 bits, the +0 the gradient gets there, and a set bit keeps
+// grad_out's bits as they are (torch's threshold_backward), where the round trip through float made NaNs canonical.
+// On an H200 (bf16, batch 512, CUDA events, L2 flushed, builds alternated twice, the same bits:
+// benchmarks/results/batch_norm_check_words_h200.txt) the backward took 0.9-1.6 us less at the two large shapes (BN +
+// ReLU at 128x16x16: 54.9 -> 53.3-53.5 us) and within 0.4 us either way at the small ones; the normalize without the
+// residual 0.1-1.0 us less. The normalize with the residual ran 0.3-1.0 us slower at 128x16x16 and 256x8x8 after its
+// reduction (faster with L2 flushed at the large shapes), so it keeps element arrays, as float32 and float64 do:
+// float32 in this form ran up to 6 us (one form) and 18 us (another) slower per direction.
+template <typename T>
+struct Words8 {
+  static_assert(sizeof(T) == 2, "the words' form is for 2-byte types");
+  uint32_t w[4];  // word p: elements 2 p (low half) and 2 p + 1 (high half)
+
+  __device__ __forceinline__ void load(const T* __restrict__ p) { set(*reinterpret_cast<const uint4*>(p)); }
+  // Cache-streaming (evict-first) loads: the backward elementwise pass's (load8_last below says why).
+  __device__ __forceinline__ void load_last(const T* __restrict__ p) { set(__ldcs(reinterpret_cast<const uint4*>(p))); }
+  __device__ __forceinline__ void store(T* __restrict__ p) const {
+    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  __device__ __forceinline__ float get(int j) const {
+    const uint32_t v = w[j / 2];
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) return __uint_as_float(j % 2 == 0 ? v << 16 : v & 0xffff0000u);
+    T h;
+    __builtin_memcpy(&h, reinterpret_cast<const char*>(w) + 2 * j, 2);
+    return to_acc<T>(h);
+  }
+  // Elements 2 p and 2 p + 1 from a and b, rounded to T (to nearest even, as from_acc).
+  __device__ __forceinline__ void put2(int p, float a, float b) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+      __builtin_memcpy(&w[p], &h, 4);
+    } else {
+      const T h[2] = {from_acc<T>(a), from_acc<T>(b)};
+      __builtin_memcpy(&w[p], h, 4);
+    }
+  }
+  // The elements whose bit in `bits` is clear zeroed (bit j: element j). prmt's sign-replicating selectors (nibble 8 +
+  // k: byte k's top bit, eight times) spread the bits into 16-bit masks, after bits 0-3 are moved to the tops of bytes
+  // 0-3 of one word and bits 4-7 of another by one multiply each (shifts of 7, 14, 21 and 28: no two products
+  // overlap): two elements a permute and an and.
+  __device__ __forceinline__ Words8 masked(uint8_t bits) const {
+    const uint32_t tops[2] = {(bits & 0xfu) * 0x10204080u, (uint32_t(bits) >> 4) * 0x10204080u};
+    Words8 out;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      uint32_t m;
+      asm("prmt.b32 %0, %1, %2, %3;" : "=r"(m) : "r"(tops[p / 2]), "r"(0u), "r"(p % 2 == 0 ? 0x9988u : 0xbbaau));
+      out.w[p] = w[p] & m;
+    }
+    return out;
+  }
+
+ private:
+  __device__ __forceinline__ void set(uint4 v) {
+    w[0] = v.x;
+    w[1] = v.y;
+    w[2] = v.z;
+    w[3] = v.w;
+  }
+};
+
 // The backward elementwise pass's loads: cache-streaming (evict first). Its reads of dy and x are their last uses;
 // marked evict-first they leave L2 to the rows the reduction read and the pass has not reached yet, which it reads in
 // reverse order (the reduction's last rows first). On an H200 the backward of BN + ReLU went from 106.4 to 99.4 us at
@@ -298,6 +364,40 @@ struct ReduceIn {
 // added to its sums in row order. The loads are issued before the first use: N x 16 bytes (x 2 in the backward) in
 // flight.
 template <typename T, bool BWD, int N, typename I>
+__device__ __forceinline__ void reduce_rows_group_words(const ReduceIn<T>& in, const RowsTile<I>& t, I e, I m,
+                                                        const acc_t<T> (&ref)[kUnit], acc_t<T> (&s0)[kUnit],
+                                                        acc_t<T> (&s1)[kUnit]) {
+  using A = acc_t<T>;
+  Words8<T> xv[N], gv[BWD ? N : 1];
+  uint8_t bits[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    xv[i].load(in.x + e + I(i) * t.stride);
+    if constexpr (BWD) {
+      gv[i].load(in.dy + e + I(i) * t.stride);
+      bits[i] = in.mask != nullptr ? in.mask[m + I(i) * t.mstride] : uint8_t(0xff);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    Words8<T> dzv;
+    if constexpr (BWD) dzv = gv[i].masked(bits[i]);
+#pragma unroll
+    for (int j = 0; j < kUnit; ++j) {
+      const A d = xv[i].get(j) - ref[j];
+      if constexpr (BWD) {
+        const A dz = dzv.get(j);
+        s0[j] += dz;
+        s1[j] += dz * d;
+      } else {
+        s0[j] += d;
+        s1[j] += d * d;
+      }
+    }
+  }
+}
+
+template <typename T, bool BWD, int N, typename I>
 __device__ __forceinline__ void reduce_rows_group(const ReduceIn<T>& in, const RowsTile<I>& t, I e, I m,
                                                   const acc_t<T> (&ref)[kUnit], acc_t<T> (&s0)[kUnit],
                                                   acc_t<T> (&s1)[kUnit]) {
@@ -355,7 +455,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
       for (int j = 0; j < kUnit; ++j) ref[j] = to_acc<T>(k[j]);
     }
     t.template for_rows_swept<N>(rows, chunk, chunks, [&](auto n, I e, I m) {
-      reduce_rows_group<T, BWD, decltype(n)::value>(in, t, e, m, ref, s0, s1);
+      if constexpr (sizeof(T) == 2) {
+        reduce_rows_group_words<T, BWD, decltype(n)::value>(in, t, e, m, ref, s0, s1);
+      } else {
+        reduce_rows_group<T, BWD, decltype(n)::value>(in, t, e, m, ref, s0, s1);
+      }
     });
   }
   // The block's rows, added in one step: every thread stores its sums, one barrier, then thread k adds value k (and
@@ -621,6 +725,39 @@ struct NormalizeCoef {
 };
 
 // N rows of one unit from offset e (mask byte m): y = act(coef(x) [+ residual]) and the relu mask bytes.
+template <typename T, bool RELU, int N, typename I>
+__device__ __forceinline__ void normalize_rows_group_words(const T* __restrict__ x, T* __restrict__ y,
+                                                           uint8_t* __restrict__ mask, const RowsTile<I>& t, I e, I m,
+                                                           const NormalizeCoef<T>& coef) {
+  using A = acc_t<T>;
+  Words8<T> xv[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    xv[i].load(x + e + I(i) * t.stride);
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    Words8<T> yv;
+    uint8_t bits = 0;
+#pragma unroll
+    for (int p = 0; p < kUnit / 2; ++p) {
+      A v[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int j = 2 * p + h;
+        v[h] = coef.apply(xv[i].get(j), j);
+        if constexpr (RELU) {
+          bits |= math::relu_bit(v[h]) ? uint8_t(1u << j) : uint8_t(0);
+          v[h] = relu_value(v[h]);
+        }
+      }
+      yv.put2(p, v[0], v[1]);
+    }
+    yv.store(y + e + I(i) * t.stride);
+    if constexpr (RELU) mask[m + I(i) * t.mstride] = bits;
+  }
+}
+
 template <typename T, bool RES, int N, typename I>
 __device__ __forceinline__ void normalize_rows_group(const T* __restrict__ x, const T* __restrict__ res,
                                                      T* __restrict__ y, uint8_t* __restrict__ mask,
@@ -662,9 +799,17 @@ __global__ void __launch_bounds__(kThreads, MINB)
   if (!t.active()) return;
   NormalizeCoef<T> coef;
   coef.load(chan, C, t.c0);
-  t.template for_rows<N>([&](auto n, I e, I m) {
-    normalize_rows_group<T, RES, decltype(n)::value>(x, res, y, mask, t, e, m, coef, relu);
-  });
+  if constexpr (sizeof(T) != 2 || RES) {  // element arrays: Words8 says why
+    t.template for_rows<N>([&](auto n, I e, I m) {
+      normalize_rows_group<T, RES, decltype(n)::value>(x, res, y, mask, t, e, m, coef, relu);
+    });
+  } else if (relu) {  // relu a template parameter: as a runtime flag in the words' group, ptxas branched on every row
+    t.template for_rows<N>(
+        [&](auto n, I e, I m) { normalize_rows_group_words<T, true, decltype(n)::value>(x, y, mask, t, e, m, coef); });
+  } else {
+    t.template for_rows<N>(
+        [&](auto n, I e, I m) { normalize_rows_group_words<T, false, decltype(n)::value>(x, y, mask, t, e, m, coef); });
+  }
 }
 
 // Flat over units of 8 elements in memory order, kThreads x kIlp units per block chunk, chunks in reverse order. VEC:
@@ -813,6 +958,48 @@ struct BackwardCoef {
 
 // N rows of one unit from offset e (mask byte m): dx and grad_residual (= dz).
 template <typename T, int N, typename I>
+__device__ __forceinline__ void backward_rows_group_words(const T* __restrict__ dy, const T* __restrict__ x,
+                                                          const uint8_t* __restrict__ mask, T* __restrict__ dx,
+                                                          T* __restrict__ gres, const RowsTile<I>& t, I e, I m,
+                                                          const BackwardCoef<T>& coef, BackwardFlags f) {
+  using A = acc_t<T>;
+  const bool read_x = f.training && f.grad_input;
+  Words8<T> gv[N], xv[N];
+  uint8_t bits[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    gv[i].load_last(dy + e + I(i) * t.stride);
+    if (read_x) {
+      xv[i].load_last(x + e + I(i) * t.stride);
+    } else {
+      xv[i] = Words8<T>{};  // +0 (not read: eval, or no grad_input)
+    }
+    bits[i] = f.mask ? mask[m + I(i) * t.mstride] : uint8_t(0xff);
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    // dz = dy where the mask's bit is set, else +0: grad_residual as it is (no rounding: the words of dy).
+    const Words8<T> dzv = gv[i].masked(bits[i]);
+    if (f.grad_input) {
+      Words8<T> dxv;
+#pragma unroll
+      for (int p = 0; p < kUnit / 2; ++p) {
+        A d[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int j = 2 * p + h;
+          const A dz = dzv.get(j);
+          d[h] = f.training ? coef.apply(dz, xv[i].get(j), j) : coef.k[j] * dz;
+        }
+        dxv.put2(p, d[0], d[1]);
+      }
+      dxv.store(dx + e + I(i) * t.stride);
+    }
+    if (f.grad_residual) dzv.store(gres + e + I(i) * t.stride);
+  }
+}
+
+template <typename T, int N, typename I>
 __device__ __forceinline__ void backward_rows_group(const T* __restrict__ dy, const T* __restrict__ x,
                                                     const uint8_t* __restrict__ mask, T* __restrict__ dx,
                                                     T* __restrict__ gres, const RowsTile<I>& t, I e, I m,
@@ -855,8 +1042,13 @@ __global__ void __launch_bounds__(kThreads, MINB)
   if (!t.active()) return;
   BackwardCoef<T> coef;
   coef.load(coef_in, C, t.c0);
-  t.template for_rows<N>(
-      [&](auto n, I e, I m) { backward_rows_group<T, decltype(n)::value>(dy, x, mask, dx, gres, t, e, m, coef, f); });
+  t.template for_rows<N>([&](auto n, I e, I m) {
+    if constexpr (sizeof(T) == 2) {
+      backward_rows_group_words<T, decltype(n)::value>(dy, x, mask, dx, gres, t, e, m, coef, f);
+    } else {
+      backward_rows_group<T, decltype(n)::value>(dy, x, mask, dx, gres, t, e, m, coef, f);
+    }
+  });
 }
 
 template <typename T, bool VEC>

@@ -232,6 +232,44 @@ def test_batch_norm_empty_batch(variant, layout):
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16), ids=_name)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_batch_norm_backward_grad_residual_is_grad_out_where_the_mask_is_set(variant, dtype, layout):
+    """grad_residual is grad_out where the relu mask's bit is set and +0 elsewhere, bit for bit (torch's
+    threshold_backward): special values of grad_out (+-0, +-inf, subnormals, the largest finite) included, and a
+    random mask with its bits in memory order. (4, 16, 3, 5): the rows kernels in channels-last, simple in NCHW."""
+    shape = (4, 16, 3, 5)
+    fmt = torch.channels_last if layout == "nhwc" else torch.contiguous_format
+    gen = torch.Generator().manual_seed(7)
+    g = torch.randn(shape, generator=gen).to(dtype)
+    info = torch.finfo(dtype)
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), info.tiny / 4, -info.tiny / 2, info.max, -info.max])
+    flat = g.view(-1)
+    flat[: 8 * 16 : 16] = special.to(dtype)  # spread over rows (and so over channels in channels-last)
+    flat[1 : 1 + 8] = special.to(dtype)  # and side by side in one 8-element unit
+    g = g.cuda().contiguous(memory_format=fmt)
+    x = torch.randn(shape, generator=gen).to(dtype).cuda().contiguous(memory_format=fmt)
+    w = torch.rand(shape[1], generator=gen).cuda() + 0.5
+    numel = g.numel()
+    mask = torch.randint(0, 256, ((numel + 7) // 8,), generator=gen, dtype=torch.uint8).cuda()
+    mask[-1] &= (1 << (numel % 8 or 8)) - 1  # no bits past numel
+    mean, invstd = torch.zeros(shape[1], device="cuda"), torch.ones(shape[1], device="cuda")
+    got = _call(
+        lambda: ops.batch_norm_backward(g, x, w, mean, invstd, mask, True, 1e-5, [True, False, False, True], variant),
+        variant,
+        "grad_residual",
+    )
+    if got is None:
+        assert not _must_support(variant, shape, layout)
+        return
+    bits, _ = _unpack(mask, numel)
+    want = torch.where(bits, _memory_order(g), torch.zeros((), dtype=dtype, device="cuda"))
+    itype = torch.int16 if dtype.itemsize == 2 else torch.int32
+    assert torch.equal(_memory_order(got[3]).view(itype), want.view(itype)), "grad_residual bits"
+    assert got[3].stride() == g.stride()
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
 @pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16), ids=_name)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_batch_norm_relu_constant_channel(variant, dtype, layout):
