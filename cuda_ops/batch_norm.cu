@@ -143,13 +143,16 @@ __device__ __forceinline__ void store8(T* __restrict__ p, const T (&in)[kUnit]) 
 // narrowing packs two floats with one instruction; through __nv_bfloat16 values ptxas spent a byte permute and a
 // multiply on each element's widening and a permute on each narrowing (SASS, sm_90). The relu mask is applied to the
 // words (`masked`): a clear bit zeroes its element's 16 bits, the +0 the gradient gets there, and a set bit keeps
-// grad_out's bits as they are (torch's threshold_backward), where the round trip through float made NaNs canonical.
-// On an H200 (bf16, batch 512, CUDA events, L2 flushed, builds alternated twice, the same bits:
-// benchmarks/results/batch_norm_check_words_h200.txt) the backward took 0.9-1.6 us less at the two large shapes (BN +
-// ReLU at 128x16x16: 54.9 -> 53.3-53.5 us) and within 0.4 us either way at the small ones; the normalize without the
-// residual 0.1-1.0 us less. The normalize with the residual ran 0.3-1.0 us slower at 128x16x16 and 256x8x8 after its
-// reduction (faster with L2 flushed at the large shapes), so it keeps element arrays, as float32 and float64 do:
-// float32 in this form ran up to 6 us (one form) and 18 us (another) slower per direction.
+// grad_out's bits as they are (torch's threshold_backward; the other rungs go through float, which keeps every value
+// but not necessarily a NaN's payload). On an H200 (bf16, batch 512, CUDA events, L2 flushed, builds alternated twice,
+// the same bits: benchmarks/results/batch_norm_check_words_h200.txt) each backward took 0.9-1.6 us less at the two
+// large shapes (BN + ReLU at 128x16x16: 54.9 -> 53.3-53.5 us) and within 0.4 us either way at the small ones: the
+// gain is the reduction's, as the elementwise pass alone, after its reduction, ran 0.1-0.7 us slower (not tried with
+// element arrays in it: a lead). The normalize without the residual took up to 1.1 us less (one row 0.1 us more). The
+// normalize with the residual ran 0.3-1.0 us slower at 128x16x16 and 256x8x8 after its reduction (faster with L2
+// flushed at the large shapes), so it keeps element arrays, as float32 and float64 do: float32 in this form ran up to
+// 6 us slower per direction (one form) and its forward 18 us slower (another). float16 takes bfloat16's form
+// (widening by conversion), not measured.
 template <typename T>
 struct Words8 {
   static_assert(sizeof(T) == 2, "the words' form is for 2-byte types");

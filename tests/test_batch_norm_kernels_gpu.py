@@ -8,6 +8,8 @@ launches otherwise (TORCHEXT_BATCH_NORM_SINGLE=0 forces them): both must give th
 (NaN), results must be the same bits on a second run, strides follow csrc/batch_norm.h's layout rule, and a named
 variant that cannot run the arguments must say so with a ValueError ('does not support'); variant=None always works."""
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -236,37 +238,45 @@ def test_batch_norm_empty_batch(variant, layout):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_batch_norm_backward_grad_residual_is_grad_out_where_the_mask_is_set(variant, dtype, layout):
     """grad_residual is grad_out where the relu mask's bit is set and +0 elsewhere, bit for bit (torch's
-    threshold_backward): special values of grad_out (+-0, +-inf, subnormals, the largest finite) included, and a
-    random mask with its bits in memory order. (4, 16, 3, 5): the rows kernels in channels-last, simple in NCHW."""
-    shape = (4, 16, 3, 5)
+    threshold_backward), for special values of grad_out (+-0, +-inf, subnormals, the largest finite): eight side by
+    side in memory (one 8-element unit) and eight spread over rows. A random mask and its complement: every value is
+    passed once and zeroed once. (4, 16, 3, 5): the rows kernels in channels-last, simple in NCHW; 960 elements and a
+    second shape of 945 (a partial last mask byte)."""
     fmt = torch.channels_last if layout == "nhwc" else torch.contiguous_format
-    gen = torch.Generator().manual_seed(7)
-    g = torch.randn(shape, generator=gen).to(dtype)
     info = torch.finfo(dtype)
     special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), info.tiny / 4, -info.tiny / 2, info.max, -info.max])
-    flat = g.view(-1)
-    flat[: 8 * 16 : 16] = special.to(dtype)  # spread over rows (and so over channels in channels-last)
-    flat[1 : 1 + 8] = special.to(dtype)  # and side by side in one 8-element unit
-    g = g.cuda().contiguous(memory_format=fmt)
-    x = torch.randn(shape, generator=gen).to(dtype).cuda().contiguous(memory_format=fmt)
-    w = torch.rand(shape[1], generator=gen).cuda() + 0.5
-    numel = g.numel()
-    mask = torch.randint(0, 256, ((numel + 7) // 8,), generator=gen, dtype=torch.uint8).cuda()
-    mask[-1] &= (1 << (numel % 8 or 8)) - 1  # no bits past numel
-    mean, invstd = torch.zeros(shape[1], device="cuda"), torch.ones(shape[1], device="cuda")
-    got = _call(
-        lambda: ops.batch_norm_backward(g, x, w, mean, invstd, mask, True, 1e-5, [True, False, False, True], variant),
-        variant,
-        "grad_residual",
-    )
-    if got is None:
-        assert not _must_support(variant, shape, layout)
-        return
-    bits, _ = _unpack(mask, numel)
-    want = torch.where(bits, _memory_order(g), torch.zeros((), dtype=dtype, device="cuda"))
-    itype = torch.int16 if dtype.itemsize == 2 else torch.int32
-    assert torch.equal(_memory_order(got[3]).view(itype), want.view(itype)), "grad_residual bits"
-    assert got[3].stride() == g.stride()
+    for shape in ((4, 16, 3, 5), (3, 7, 5, 9)):
+        gen = torch.Generator().manual_seed(7)
+        n, c, h, w_ = shape
+        # grad_out built in memory order, then viewed in the layout: flat[i] is element i in memory
+        flat = torch.randn(n * c * h * w_, generator=gen).to(dtype)
+        flat[8:16] = special.to(dtype)
+        flat[40 : 40 + 8 * 13 : 13] = special.to(dtype)
+        if layout == "nhwc":
+            g = flat.view(n, h, w_, c).permute(0, 3, 1, 2)
+        else:
+            g = flat.view(shape)
+        g = g.cuda()
+        assert g.is_contiguous(memory_format=fmt) and torch.equal(_memory_order(g).cpu(), flat)
+        x = torch.randn(shape, generator=gen).to(dtype).cuda().contiguous(memory_format=fmt)
+        weight = torch.rand(c, generator=gen).cuda() + 0.5
+        numel = g.numel()
+        drawn = torch.randint(0, 256, ((numel + 7) // 8,), generator=gen, dtype=torch.uint8).cuda()
+        tail = torch.full_like(drawn, 0xFF)
+        tail[-1] = (1 << (numel % 8 or 8)) - 1  # no bits past numel
+        mean, invstd = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+        for mask in (drawn & tail, ~drawn & tail):
+            args = (g, x, weight, mean, invstd, mask, True, 1e-5, [True, False, False, True], variant)
+            call = functools.partial(ops.batch_norm_backward, *args)
+            got = _call(call, variant, "grad_residual")
+            if got is None:
+                assert not _must_support(variant, shape, layout)
+                continue
+            bits, _ = _unpack(mask, numel)
+            want = torch.where(bits, _memory_order(g), torch.zeros((), dtype=dtype, device="cuda"))
+            itype = torch.int16 if dtype.itemsize == 2 else torch.int32
+            assert torch.equal(_memory_order(got[3]).view(itype), want.view(itype)), f"grad_residual bits {shape}"
+            assert got[3].stride() == g.stride()
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
