@@ -684,7 +684,9 @@ def main(argv=None):
     cpu = device.type == "cpu"
     if cpu and args.batch_size is None:
         args.batch_size = 16
-    kinds = args.kinds.split(",")
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if not args.timeline and args.kinds != p.get_default("kinds"):
+        p.error("--kinds chooses --timeline's kinds: add --timeline")
     unknown = sorted(set(kinds) - set(TIMELINE_KINDS))
     if unknown:
         p.error(f"--kinds: unknown {', '.join(unknown)} (expected some of {', '.join(TIMELINE_KINDS)})")

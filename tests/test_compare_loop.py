@@ -176,8 +176,11 @@ def test_loop_benchmark_timeline_kinds(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "| torchext, epoch |" in table and "| torchext, loop |" not in table, table
     with pytest.raises(SystemExit):
-        bench.main([*argv, "--kinds", "epoch,nope", "--out", str(out)])
+        bench.main([*argv, "--kinds", "epoch, nope", "--out", str(out)])
     assert "--kinds: unknown nope" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--kinds", "epoch", "--out", str(out)])
+    assert "add --timeline" in capsys.readouterr().err
 
 
 def test_step_host_profile_phases_and_spin_run_on_the_cpu(tmp_path, capsys):
