@@ -29,13 +29,13 @@
 //               (the thread's channels' coefficients in registers) and threadIdx.y over rows, 4 rows in flight per
 //               thread (8 in half types' forward statistics). The reductions: 264 long blocks per pass (2 per SM on
 //               an H200 and H100) that sweep the tensor together (RowsTile::for_rows_swept), each block's rows
-//               added in one step through shared memory (in row order). Written for occupancy,
-//               which is what keeps enough bytes in flight: 32-bit offsets where the tensor allows, the residual a
-//               template parameter, registers capped for 2 blocks per SM (3 for half types' normalize); the
-//               finalize's block is 4 channels x 64 rows of chunks. The backward's elementwise pass reads
-//               cache-streaming (its inputs' last use; L2 kept for the rows it has not reached) and stores plainly
-//               (its outputs stay in L2 for their next reader). planes (B % 8 == 0): 8 elements of one plane per
-//               load, one channel per unit.
+//               added in one step through shared memory (in row order). bfloat16 and float16 are held as raw
+//               32-bit words (Words8). Written for occupancy, which is what keeps enough bytes in flight: 32-bit
+//               offsets where the tensor allows, the residual a template parameter, registers capped for 2 blocks per
+//               SM (3 for half types' normalize); the finalize's block is 4 channels x 64 rows of chunks. The
+//               backward's elementwise pass reads cache-streaming (its inputs' last use; L2 kept for the rows it has
+//               not reached) and stores plainly (its outputs stay in L2 for their next reader). planes (B % 8 == 0): 8
+//               elements of one plane per load, one channel per unit.
 //   fused       vectorized's arguments; on rows x C its own kernels (the rest runs vectorized's). The finalize folded
 //               into the reductions: each block writes its partial sums, and the last block of each group of 32
 //               chunks (then the last group) adds them in chunk (group) order, found with integer counters zeroed by a
@@ -400,6 +400,7 @@ __device__ __forceinline__ void reduce_rows_group_words(const ReduceIn<T>& in, c
   }
 }
 
+// The same with element arrays (float32, float64: Words8 says why).
 template <typename T, bool BWD, int N, typename I>
 __device__ __forceinline__ void reduce_rows_group(const ReduceIn<T>& in, const RowsTile<I>& t, I e, I m,
                                                   const acc_t<T> (&ref)[kUnit], acc_t<T> (&s0)[kUnit],
@@ -727,7 +728,8 @@ struct NormalizeCoef {
   __device__ __forceinline__ acc_t<T> apply(acc_t<T> x, int j) const { return (x - mean[j]) * a[j] + b[j]; }
 };
 
-// N rows of one unit from offset e (mask byte m): y = act(coef(x) [+ residual]) and the relu mask bytes.
+// N rows of one unit from offset e (mask byte m): y = act(coef(x)) and the relu mask bytes (RELU), 2-byte types
+// without the residual.
 template <typename T, bool RELU, int N, typename I>
 __device__ __forceinline__ void normalize_rows_group_words(const T* __restrict__ x, T* __restrict__ y,
                                                            uint8_t* __restrict__ mask, const RowsTile<I>& t, I e, I m,
@@ -761,6 +763,8 @@ __device__ __forceinline__ void normalize_rows_group_words(const T* __restrict__
   }
 }
 
+// The same with element arrays and the residual: y = act(coef(x) [+ residual]) (float32, float64, and the residual's
+// form for 2-byte types: Words8 says why).
 template <typename T, bool RES, int N, typename I>
 __device__ __forceinline__ void normalize_rows_group(const T* __restrict__ x, const T* __restrict__ res,
                                                      T* __restrict__ y, uint8_t* __restrict__ mask,
@@ -1002,6 +1006,7 @@ __device__ __forceinline__ void backward_rows_group_words(const T* __restrict__ 
   }
 }
 
+// The same with element arrays (float32, float64).
 template <typename T, int N, typename I>
 __device__ __forceinline__ void backward_rows_group(const T* __restrict__ dy, const T* __restrict__ x,
                                                     const uint8_t* __restrict__ mask, T* __restrict__ dx,
