@@ -38,6 +38,15 @@ void check_4d(const char* module, const Tensor& input) {
   TORCH_CHECK_VALUE(input.dim() == 4, "torchext::nn::", module, ": expected 4D input (got ", input.dim(), "D input)");
 }
 
+// torch's check in training: a channel's statistics need more than one value (N times the spatial size).
+void check_batch_size(const char* module, const Tensor& input, bool training) {
+  if (!training || input.dim() < 2) return;
+  int64_t per_channel = input.size(0);
+  for (int64_t d = 2; d < input.dim(); ++d) per_channel *= input.size(d);
+  TORCH_CHECK_VALUE(per_channel != 1, "torchext::nn::", module,
+                    ": expected more than 1 value per channel when training, got input size ", input.sizes());
+}
+
 void print_options(std::ostream& stream, const char* name, const torch::nn::BatchNormOptions& o) {
   stream << std::boolalpha << "torchext::nn::" << name << "(" << o.num_features() << ", eps=" << o.eps()
          << ", momentum=";
@@ -98,6 +107,7 @@ Tensor BatchNorm2dImpl::forward(const Tensor& input) {
   check_defined("nn::BatchNorm2d::forward", "input", input);
   _check_input_dim(input);
   const auto [training, momentum, running_mean, running_var] = module_args(*this);
+  check_batch_size("BatchNorm2d", input, training);
   const auto fn = activation == "relu" ? torchext::batch_norm_relu : torchext::batch_norm;
   return fn(input, as_optional(weight), as_optional(bias), running_mean, running_var, training, momentum, options.eps(),
             std::nullopt, std::nullopt, std::nullopt);
@@ -119,12 +129,35 @@ Tensor BatchNormAddReLU2dImpl::forward(const Tensor& input, const Tensor& residu
   check_defined("nn::BatchNormAddReLU2d::forward", "residual", residual);
   _check_input_dim(input);
   const auto [training, momentum, running_mean, running_var] = module_args(*this);
+  check_batch_size("BatchNormAddReLU2d", input, training);
   return torchext::batch_norm_add_relu(input, residual, as_optional(weight), as_optional(bias), running_mean,
                                        running_var, training, momentum, options.eps());
 }
 
 void BatchNormAddReLU2dImpl::pretty_print(std::ostream& stream) const {
   print_options(stream, "BatchNormAddReLU2d", options);
+  stream << ")";
+}
+
+BatchNorm1dImpl::BatchNorm1dImpl(const torch::nn::BatchNormOptions& options_)
+    : torch::nn::BatchNormImplBase<1, BatchNorm1dImpl>(options_) {}
+
+void BatchNorm1dImpl::_check_input_dim(const Tensor& input) {
+  TORCH_CHECK_VALUE(input.dim() == 2 || input.dim() == 3, "torchext::nn::BatchNorm1d: expected 2D or 3D input (got ",
+                    input.dim(), "D input)");
+}
+
+Tensor BatchNorm1dImpl::forward(const Tensor& input) {
+  check_defined("nn::BatchNorm1d::forward", "input", input);
+  _check_input_dim(input);
+  const auto [training, momentum, running_mean, running_var] = module_args(*this);
+  check_batch_size("BatchNorm1d", input, training);
+  return torchext::batch_norm(input, as_optional(weight), as_optional(bias), running_mean, running_var, training,
+                              momentum, options.eps());
+}
+
+void BatchNorm1dImpl::pretty_print(std::ostream& stream) const {
+  print_options(stream, "BatchNorm1d", options);
   stream << ")";
 }
 

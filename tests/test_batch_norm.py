@@ -469,6 +469,58 @@ def test_batch_norm2d_module_matches_stock(kwargs):
     torch.testing.assert_close(ours(x), stock(x), msg=lambda m: f"[{kwargs}: eval output] {m}")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"momentum": None}, {"affine": False}, {"track_running_stats": False}],
+    ids=["default", "momentum None", "affine False", "no running stats"],
+)
+def test_batch_norm1d_module_matches_stock(device, kwargs):
+    """torchext.nn.BatchNorm1d against nn.BatchNorm1d on (N, C) and (N, C, L) input, float64: training steps
+    (outputs, every gradient, the buffers), eval, the state_dict; from_torch takes only an nn.BatchNorm1d, and batch
+    1 of (N, C) in training raises torch's error."""
+    stock = nn.BatchNorm1d(16, **kwargs).double().to(device)
+    with torch.no_grad():
+        if stock.affine:
+            stock.weight.uniform_(0.5, 2.0)
+            stock.bias.uniform_(-1.0, 1.0)
+    ours = tnn.BatchNorm1d.from_torch(stock)
+    assert isinstance(ours, nn.BatchNorm1d) and type(ours) is tnn.BatchNorm1d
+    # on the GPU (N, C) is the kernels' rows path (16-byte vectors where C % 8 == 0), (N, C, L) their planes (vectors
+    # where L % 8 == 0); the strided and transposed inputs are copied to that layout first
+    shapes = [
+        ((5, 16), "contiguous"),
+        ((3, 16, 7), "contiguous"),
+        ((4, 16, 8), "contiguous"),
+        ((4, 16, 8), "strided"),
+        ((6, 16), "transposed"),
+        ((2, 16), "contiguous"),
+    ]
+    for step, (shape, layout) in enumerate(shapes):
+        x = make_tensor(shape, torch.float64, device, layout)
+        xs, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ys, yo = stock(xs), ours(xo)
+        what = f"{kwargs} step {step} {shape} {layout}"
+        torch.testing.assert_close(yo, ys, msg=lambda m, w=what: f"[{w}: output] {m}")
+        g = torch.randn_like(ys)
+        params_s, params_o = [xs, *stock.parameters()], [xo, *ours.parameters()]
+        grads = zip(torch.autograd.grad(yo, params_o, g), torch.autograd.grad(ys, params_s, g), strict=True)
+        for i, (a, c) in enumerate(grads):
+            torch.testing.assert_close(a, c, msg=lambda m, i=i, w=what: f"[{w}: grad {i}] {m}")
+    for (name, a), c in zip(ours.state_dict().items(), stock.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, c, msg=lambda m, n=name: f"[{kwargs}: {n}] {m}")
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel when training"):
+        ours(make_tensor((1, 16), torch.float64, device))
+    with pytest.raises(ValueError, match="expected 2D or 3D input"):
+        ours(make_tensor((2, 16, 3, 3), torch.float64, device))
+    stock.eval(), ours.eval()
+    for shape in ((1, 16) if stock.track_running_stats else (3, 16), (2, 16, 5)):
+        x = make_tensor(shape, torch.float64, device)
+        torch.testing.assert_close(ours(x), stock(x), msg=lambda m, s=shape: f"[{kwargs}: eval output {s}] {m}")
+    with pytest.raises(TypeError, match="expected an nn.BatchNorm1d, got BatchNorm2d"):
+        tnn.BatchNorm1d.from_torch(nn.BatchNorm2d(3))
+
+
 def test_state_dict_round_trip_and_fused_modules():
     """A stock state_dict loads into every torchext BatchNorm module and back; BatchNormReLU2d and BatchNormAddReLU2d
     equal the stock layers followed by relu (and + residual), outputs and gradients."""
@@ -535,8 +587,8 @@ def test_conv2d_batch_norm_relu_module(device, padding_mode, padding):
 
 
 def test_swap_modules_swaps_batch_norm():
-    """swap_modules gives every nn.BatchNorm2d torchext's class in place (same buffers), reports it like the others,
-    leaves it with batch_norm=False, and the swapped model trains like the stock one."""
+    """swap_modules gives every nn.BatchNorm2d and nn.BatchNorm1d torchext's class in place (same buffers), reports
+    it like the others, leaves it with batch_norm=False, and the swapped model trains like the stock one."""
     torchext.nn.BatchNorm2d  # noqa: B018
     stock = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.BatchNorm1d(4)).double()
     kept = torchext.swap_modules(stock, inplace=False, batch_norm=False)
@@ -545,7 +597,8 @@ def test_swap_modules_swaps_batch_norm():
     model = report.model
     assert type(model[1]) is tnn.BatchNorm2d and ("1", "nn.BatchNorm2d", "torchext.nn.BatchNorm2d") in report.replaced
     assert model[1].running_mean is not stock[1].running_mean  # a copy: inplace=False
-    assert ("3", "nn.BatchNorm1d", "no torchext kernel") in report.left_stock
+    assert type(model[3]) is tnn.BatchNorm1d and ("3", "nn.BatchNorm1d", "torchext.nn.BatchNorm1d") in report.replaced
+    assert ("3", "nn.BatchNorm1d", "batch_norm=False") in kept.left_stock
     x = torch.randn(5, 3, 6, 6, dtype=torch.float64)
     head = nn.Sequential(*list(stock)[:3])
     swapped_head = nn.Sequential(*list(model)[:3])

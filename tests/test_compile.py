@@ -467,8 +467,8 @@ def test_decompose_mode_lets_inductor_fuse_activations():
 
 
 class _NormBlocks(nn.Module):
-    """Each torchext batch-norm module once (the stock model: the same layers from torch.nn, relu and add written
-    out)."""
+    """Each torchext batch-norm module once, BatchNorm1d on (N, C, L) (the stock model: the same layers from torch.nn,
+    relu and add written out)."""
 
     def __init__(self, lib):
         super().__init__()
@@ -476,6 +476,7 @@ class _NormBlocks(nn.Module):
         if lib == "torchext":
             self.bn, self.bn_relu = tnn.BatchNorm2d(4, momentum=0.3), tnn.BatchNormReLU2d(4)
             self.bn_add_relu, self.conv_bn_relu = tnn.BatchNormAddReLU2d(4), tnn.Conv2dBatchNormReLU(4, 4, 3, padding=1)
+            self.bn1d = tnn.BatchNorm1d(4)
         else:
             self.bn, self.bn_relu, self.bn_add_relu = (
                 nn.BatchNorm2d(4, momentum=0.3),
@@ -483,6 +484,7 @@ class _NormBlocks(nn.Module):
                 nn.BatchNorm2d(4),
             )
             self.conv_bn_relu = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU())
+            self.bn1d = nn.BatchNorm1d(4)
 
     def forward(self, x):
         y = self.bn(x)
@@ -490,7 +492,8 @@ class _NormBlocks(nn.Module):
             z = self.bn_add_relu(self.bn_relu(y), x)
         else:
             z = (self.bn_add_relu(self.bn_relu(y).relu()) + x).relu()
-        return self.conv_bn_relu(z)
+        out = self.conv_bn_relu(z)
+        return out + self.bn1d(out.flatten(2)).view_as(out)  # (N, C, H W): channels-last input gives a strided view
 
 
 @pytest.mark.parametrize("device", device_params())

@@ -89,9 +89,17 @@ def test_cnn_cifar_report():
     c = report.counts
     conv_relu = [(f"conv{i}", f"relu{i}", "relu") for i in range(1, 5)]
     assert [tuple(f) for f in report.fused] == [*conv_relu, ("fc1", "relu5", "relu")]
-    expected = {"nn.ReLU": 5, "nn.Linear": 2, "nn.Conv2d": 4, "nn.BatchNorm2d": 2, "nn.MaxPool2d": 2}
+    expected = {
+        "nn.ReLU": 5,
+        "nn.Linear": 2,
+        "nn.Conv2d": 4,
+        "nn.BatchNorm2d": 2,
+        "nn.MaxPool2d": 2,
+        "nn.BatchNorm1d": 1,
+    }
     assert c["replaced_by_class"] == expected, c
-    assert c["left_stock_by_class"] == {"nn.Dropout": 3, "nn.BatchNorm1d": 1}, c
+    assert c["left_stock_by_class"] == {"nn.Dropout": 3}, c
+    assert type(model.bn3) is tnn.BatchNorm1d
     assert all(type(getattr(model, f"conv{i}")) is tnn.Conv2d for i in range(1, 5))
     assert all(getattr(model, f"conv{i}").activation == "relu" for i in range(1, 5))
     assert type(model.relu5) is nn.Identity and model.fc1.activation == "relu"
@@ -589,18 +597,19 @@ def test_report_text_and_dict():
     report = swap_modules(models.cnn_cifar())
     text = str(report)
     lines = text.splitlines()
-    assert lines[0].startswith("swap_modules: 15 replaced, 5 layer+activation pair(s) fused, 4 left stock")
+    assert lines[0].startswith("swap_modules: 16 replaced, 5 layer+activation pair(s) fused, 3 left stock")
     assert any(line.split() == ["fc1", "nn.Linear", "torchext.nn.Linear(activation='relu')"] for line in lines)
     assert any(line.split() == ["relu5", "nn.ReLU", "nn.Identity"] for line in lines)
     assert any(line.split() == ["conv1", "nn.Conv2d", "torchext.nn.Conv2d(activation='relu')"] for line in lines)
     assert any(line.split() == ["bn1", "nn.BatchNorm2d", "torchext.nn.BatchNorm2d"] for line in lines)
-    assert any(line.split()[:2] == ["bn3", "nn.BatchNorm1d"] and NO_KERNEL in line for line in lines)
+    assert any(line.split() == ["bn3", "nn.BatchNorm1d", "torchext.nn.BatchNorm1d"] for line in lines)
+    assert any(line.split()[:2] == ["drop3", "nn.Dropout"] and NO_KERNEL in line for line in lines)
     d = json.loads(json.dumps(report.as_dict()))
-    assert d["counts"]["replaced"] == 15 and d["counts"]["left_stock"] == 4
+    assert d["counts"]["replaced"] == 16 and d["counts"]["left_stock"] == 3
     conv_relu = [{"layer": f"conv{i}", "activation": f"relu{i}", "epilogue": "relu"} for i in range(1, 5)]
     assert d["fused"] == [*conv_relu, {"layer": "fc1", "activation": "relu5", "epilogue": "relu"}]
     assert d["replaced"][0] == {"name": "conv1", "old": "nn.Conv2d", "new": "torchext.nn.Conv2d(activation='relu')"}
-    assert "replaced=15" in repr(report)
+    assert "replaced=16" in repr(report)
 
 
 def test_root_module_and_bad_arguments():

@@ -32,6 +32,7 @@ __all__ = [
     "Linear",
     "Conv2d",
     "Conv2dStats",
+    "BatchNorm1d",
     "BatchNorm2d",
     "BatchNormReLU2d",
     "BatchNormAddReLU2d",
@@ -263,11 +264,11 @@ class Conv2dStats(Conv2d):
 # --- batch normalization (torchext/ops/batch_norm.py) ----------------------------------------------------------------
 
 
-class BatchNorm2d(nn.BatchNorm2d):
-    """torch.nn.BatchNorm2d computed by torchext's batch_norm: same constructor arguments, parameters, buffers
-    (running_mean, running_var, num_batches_tracked) and state_dict keys, and the same training / eval behaviour
-    (momentum=None is the cumulative average over num_batches_tracked; track_running_stats=False normalizes with the
-    batch's statistics in eval too). A stock layer converts with ``BatchNorm2d.from_torch(bn)``."""
+class _BatchNorm:
+    """What torchext's BatchNorm1d and BatchNorm2d share beside their torch.nn base (which holds the parameters,
+    buffers and input-dimension check): the forward through torchext's batch_norm and ``from_torch``."""
+
+    _torch_class: type  # the stock class from_torch copies
 
     def _batch_norm_args(self) -> tuple:
         """(training, momentum, running_mean, running_var, count) for this call, as nn.BatchNorm2d.forward computes
@@ -287,8 +288,9 @@ class BatchNorm2d(nn.BatchNorm2d):
         return training, factor, self.running_mean if keep else None, self.running_var if keep else None, count
 
     def forward(self, input: Tensor, sum: Optional[Tensor] = None, sum_sq: Optional[Tensor] = None) -> Tensor:
-        """``sum`` / ``sum_sq``: input's per-channel sums over (N, H, W), e.g. from a Conv2dStats before it; used when
-        the batch's statistics normalize (training) and no forward pre-hook is registered, ignored otherwise."""
+        """``sum`` / ``sum_sq``: input's per-channel sums over every dimension but 1 (e.g. from a Conv2dStats before
+        it); used when the batch's statistics normalize (training) and no forward pre-hook is registered, ignored
+        otherwise."""
         self._check_input_dim(input)
         training, momentum, running_mean, running_var, count = self._batch_norm_args()
         s, ss = _sums_if_used(self, training, sum, sum_sq)
@@ -296,11 +298,13 @@ class BatchNorm2d(nn.BatchNorm2d):
                             sum=s, sum_sq=ss, num_batches_tracked=count)  # fmt: skip
 
     @classmethod
-    def from_torch(cls, bn: nn.BatchNorm2d):
+    def from_torch(cls, bn: nn.Module):
         """A module of this class holding a copy of ``bn``'s parameters and buffers (num_batches_tracked included),
         on its device, in its dtype, in its training mode, with the same requires_grad flags."""
-        if not isinstance(bn, nn.BatchNorm2d):
-            raise TypeError(f"{cls.__name__}.from_torch: expected an nn.BatchNorm2d, got {type(bn).__name__}")
+        if not isinstance(bn, cls._torch_class):
+            raise TypeError(
+                f"{cls.__name__}.from_torch: expected an nn.{cls._torch_class.__name__}, got {type(bn).__name__}"
+            )
         like = bn.weight if bn.weight is not None else bn.running_mean
         where = {} if like is None else {"device": like.device, "dtype": like.dtype}
         module = cls(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats, **where)
@@ -309,6 +313,24 @@ class BatchNorm2d(nn.BatchNorm2d):
             if getattr(bn, name) is not None:
                 getattr(module, name).requires_grad_(getattr(bn, name).requires_grad)
         return module.train(bn.training)
+
+
+class BatchNorm2d(_BatchNorm, nn.BatchNorm2d):
+    """torch.nn.BatchNorm2d computed by torchext's batch_norm: same constructor arguments, parameters, buffers
+    (running_mean, running_var, num_batches_tracked) and state_dict keys, and the same training / eval behaviour
+    (momentum=None is the cumulative average over num_batches_tracked; track_running_stats=False normalizes with the
+    batch's statistics in eval too). A stock layer converts with ``BatchNorm2d.from_torch(bn)``."""
+
+    _torch_class = nn.BatchNorm2d
+
+
+class BatchNorm1d(_BatchNorm, nn.BatchNorm1d):
+    """torch.nn.BatchNorm1d computed by torchext's batch_norm, on (N, C) or (N, C, L) input, as BatchNorm2d is
+    nn.BatchNorm2d's (the same arguments, parameters, buffers, state_dict keys and behaviour). (N, C) runs the kernels'
+    channels-last path (N rows of C channels), (N, C, L) their NCHW path. ``BatchNorm1d.from_torch(bn)`` converts a
+    stock layer."""
+
+    _torch_class = nn.BatchNorm1d
 
 
 class BatchNormReLU2d(BatchNorm2d):

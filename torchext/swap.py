@@ -1,6 +1,6 @@
 """swap_modules: turn a stock model into a torchext one, keeping its parameters, state_dict keys and outputs.
 
-``swap_modules(model)`` walks the module tree and gives every ``nn.Linear``, every ``nn.Conv2d``, every
+``swap_modules(model)`` walks the module tree and gives every ``nn.Linear``, ``nn.Conv2d``, ``nn.BatchNorm1d`` and
 ``nn.BatchNorm2d`` and every activation module that torchext implements torchext's class instead (``torchext.nn``
 subclasses the torch.nn classes and only changes ``forward``). Swapping changes a module's class in place: the module
 object, its Parameters and buffers (same tensors, devices, dtypes, ``requires_grad``), its hooks and its training flag
@@ -72,6 +72,7 @@ _POOLS: dict[type, type] = {
     nn.AvgPool2d: tnn.AvgPool2d,
     nn.AdaptiveAvgPool2d: tnn.AdaptiveAvgPool2d,
 }
+_BATCH_NORMS: dict[type, type] = {nn.BatchNorm1d: tnn.BatchNorm1d, nn.BatchNorm2d: tnn.BatchNorm2d}
 _TORCHEXT_CLASSES: tuple[type, ...] = tuple(getattr(tnn, name) for name in tnn.__all__)
 
 # Losses have torchext versions, but a model does not normally hold its loss: the training loop picks it.
@@ -350,20 +351,19 @@ def swap_modules(
     channels_last: bool = False,
     forks: bool = True,
 ) -> SwapReport:
-    """Swap ``model``'s ``nn.Linear`` (``linear=True``), ``nn.Conv2d`` (``conv=True``), ``nn.BatchNorm2d``
-    (``batch_norm=True``), activation modules (``activations=True``: ReLU, LeakyReLU, Sigmoid, Tanh, GELU, SiLU,
-    Softmax, LogSoftmax) and pooling modules (``pooling=True``: MaxPool2d, AvgPool2d, AdaptiveAvgPool2d) for
+    """Swap ``model``'s ``nn.Linear`` (``linear=True``), ``nn.Conv2d`` (``conv=True``), ``nn.BatchNorm1d`` and
+    ``nn.BatchNorm2d`` (``batch_norm=True``), activation modules (``activations=True``: ReLU, LeakyReLU, Sigmoid, Tanh,
+    GELU, SiLU, Softmax, LogSoftmax) and pooling modules (``pooling=True``: MaxPool2d, AvgPool2d, AdaptiveAvgPool2d) for
     torchext's, in place (``inplace=True``) or in a deep copy. With ``fuse=True``: Linear + ReLU/GELU/SiLU pairs of a
     Sequential become one Linear (which needs both ``linear`` and ``activations``), and, with ``batch_norm`` and
-    ``activations``, BatchNorm + ReLU and BatchNorm + residual add + ReLU found by torch.fx become one fused
-    BatchNorm, and a tensor that feeds several torchext modules (a residual block's input) is forked so that its
-    gradients are summed by torchext's add (torchext/fusion.py; ``report.model`` is then a ``torch.fx.GraphModule``
-    holding the same modules and parameters). With ``conv_stats`` too, each torchext Conv2d that feeds only a torchext
-    BatchNorm hands it its output's per-channel sums from the epilogue, and the BatchNorm skips its statistics pass
-    (``conv_stats=False``: each BatchNorm computes its own). ``forks=False`` leaves the tensors that feed several
-    torchext modules unforked: autograd then sums their gradients itself, with ATen's add. With ``channels_last``,
-    each torchext Conv2d's weight is made channels-last (the module docstring). Returns a ``SwapReport``;
-    ``report.model`` is the swapped model: use it.
+    ``activations``, BatchNorm + ReLU and BatchNorm + residual add + ReLU found by torch.fx become one fused BatchNorm,
+    and a tensor that feeds several torchext modules (a residual block's input) is forked so that its gradients are
+    summed by torchext's add (torchext/fusion.py; ``report.model`` is then a ``torch.fx.GraphModule`` holding the same
+    modules and parameters). With ``conv_stats`` too, each torchext Conv2d that feeds only a torchext BatchNorm hands it
+    its output's per-channel sums from the epilogue, and the BatchNorm skips its statistics pass (``conv_stats=False``:
+    each BatchNorm computes its own). ``forks=False`` leaves the tensors that feed several torchext modules unforked:
+    autograd then sums their gradients itself, with ATen's add. With ``channels_last``, each torchext Conv2d's weight is
+    made channels-last (the module docstring). Returns a ``SwapReport``; ``report.model`` is the swapped model: use it.
 
     Swap before wrapping the model in ``torch.compile`` or DistributedDataParallel.
     """
@@ -402,10 +402,10 @@ def swap_modules(
                 report.replaced.append(Replaced(name, class_name(cls), class_name(tnn.Conv2d)))
             else:
                 report.left_stock.append(LeftStock(name, class_name(cls), "conv=False"))
-        elif cls is nn.BatchNorm2d:
+        elif cls in _BATCH_NORMS:
             if batch_norm:
-                module.__class__ = tnn.BatchNorm2d
-                report.replaced.append(Replaced(name, class_name(cls), class_name(tnn.BatchNorm2d)))
+                module.__class__ = _BATCH_NORMS[cls]
+                report.replaced.append(Replaced(name, class_name(cls), class_name(_BATCH_NORMS[cls])))
             else:
                 report.left_stock.append(LeftStock(name, class_name(cls), "batch_norm=False"))
         elif cls in _ACTIVATIONS:
@@ -424,7 +424,7 @@ def swap_modules(
             else:
                 report.left_stock.append(LeftStock(name, class_name(cls), reason))
         else:
-            bases = (nn.Linear, nn.Conv2d, nn.BatchNorm2d, *_ACTIVATIONS, *_POOLS, *_LOSSES)
+            bases = (nn.Linear, nn.Conv2d, *_BATCH_NORMS, *_ACTIVATIONS, *_POOLS, *_LOSSES)
             base = next((b for b in bases if isinstance(module, b)), None)
             if base is not None and base in _LOSSES and cls is base:
                 reason = f"a loss: build {class_name(_LOSSES[base])} in the training loop instead"

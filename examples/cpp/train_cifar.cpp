@@ -13,7 +13,7 @@
 // ReLU, max-pool, dropout 0.25, flatten, dense 2304->512, ReLU, BN, dropout 0.5, dense 512->10. The torchext twin
 // is what torchext.swap_modules makes of it: every Linear a torchext::nn::Linear, a Linear followed by its ReLU one
 // torchext::nn::Linear(..., "relu"), every ReLU a torchext::nn::ReLU, every BatchNorm2d a torchext::nn::BatchNorm2d
-// (the BatchNorm1d after the dense layer stays LibTorch's, as in Python), every MaxPool2d a torchext::nn::MaxPool2d,
+// and the BatchNorm1d a torchext::nn::BatchNorm1d, every MaxPool2d a torchext::nn::MaxPool2d,
 // the loss torchext::nn::CrossEntropyLoss; the convolutions stay LibTorch's (cuDNN) unless --swap-conv, as in
 // torchext-compare. With --swap-conv the Python side also fuses each Conv2d + ReLU and makes the convolutions'
 // weights channels-last (swap_modules(channels_last=True)); this twin keeps its ReLUs separate and its weights NCHW.
@@ -263,7 +263,8 @@ torch::nn::Sequential make_model(const std::string& model, bool ours, bool swap_
   seq->push_back("drop2", torch::nn::Dropout(0.25));
   seq->push_back("flatten", torch::nn::Flatten());
   add_linear(seq, "fc1", 64 * 6 * 6, 512, true, ours);
-  seq->push_back("bn3", torch::nn::BatchNorm1d(512));
+  seq->push_back("bn3", ours ? torch::nn::AnyModule(torchext::nn::BatchNorm1d(512))
+                             : torch::nn::AnyModule(torch::nn::BatchNorm1d(512)));
   seq->push_back("drop3", torch::nn::Dropout(0.5));
   add_linear(seq, "fc2", 512, 10, false, ours);
   return seq;

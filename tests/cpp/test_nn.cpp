@@ -231,6 +231,43 @@ TEST(Modules, BatchNorm2dMirrorsTorch) {
   EXPECT_THROW(loaded(torch::randn({2, 4, 3})), c10::Error);
 }
 
+// BatchNorm1d on (N, C) and (N, C, L): torch's parameters, buffers, state-dict keys and training / eval behaviour,
+// torch's errors for other ranks and for one value per channel in training, printing.
+TEST(Modules, BatchNorm1dMirrorsTorch) {
+  torch::manual_seed(0);
+  for (const auto& options :
+       {torch::nn::BatchNormOptions(16), torch::nn::BatchNormOptions(16).momentum(std::nullopt),
+        torch::nn::BatchNormOptions(16).affine(false), torch::nn::BatchNormOptions(16).track_running_stats(false)}) {
+    std::ostringstream name;
+    torch::nn::BatchNorm1d stock(options);
+    name << *stock;
+    const std::string what = name.str();
+    torchext::nn::BatchNorm1d ours(options);
+    EXPECT_EQ(ours->named_parameters().size(), stock->named_parameters().size()) << what;
+    EXPECT_EQ(ours->named_buffers().size(), stock->named_buffers().size()) << what;
+    for (int step = 0; step < 5; ++step) {
+      const bool train = step < 4;
+      stock->train(train);
+      ours->train(train);
+      const Tensor x = torch::randn(step % 2 ? std::vector<int64_t>{5, 16} : std::vector<int64_t>{3, 16, 7}) * 2 + 1;
+      const std::string at = what + (train ? " train step " : " eval step ") + std::to_string(step);
+      expect_close(ours(x), stock(x), at, 1e-5, 1e-5);
+      for (const auto& item : stock->named_buffers()) {
+        if (!item.value().defined()) continue;
+        expect_close(ours->named_buffers()[item.key()], item.value(), at + " " + item.key(), 1e-5, 1e-6);
+      }
+    }
+  }
+  torchext::nn::BatchNorm1d bn(4);
+  EXPECT_THROW(bn(torch::randn({2, 4, 3, 3})), c10::Error);
+  EXPECT_THROW(bn(torch::randn({1, 4})), c10::Error);  // training: one value per channel
+  bn->eval();
+  EXPECT_EQ(bn(torch::randn({1, 4})).sizes(), torch::IntArrayRef({1, 4}));
+  std::ostringstream text;
+  text << *bn;
+  EXPECT_EQ(text.str(), "torchext::nn::BatchNorm1d(4, eps=1e-05, momentum=0.1, affine=true, track_running_stats=true)");
+}
+
 // The pooling modules against torch::nn's: options, batched and unbatched input, indices, clone(), printing.
 TEST(Modules, PoolsMatchTorch) {
   torch::manual_seed(0);

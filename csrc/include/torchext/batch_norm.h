@@ -1,6 +1,7 @@
 // Batch normalization from C++: batch_norm (nn.functional.batch_norm's semantics), batch_norm_relu
 // (relu(batch_norm(...)) in one pass) and batch_norm_add_relu (relu(batch_norm(input) + residual) in one pass), and
-// the modules torchext::nn::BatchNorm2d (with an optional fused relu) and torchext::nn::BatchNormAddReLU2d. input
+// the modules torchext::nn::BatchNorm2d (with an optional fused relu), torchext::nn::BatchNormAddReLU2d and
+// torchext::nn::BatchNorm1d. input
 // (N, C, ...); weight, bias, running_mean and running_var (C,), each optional. In training the batch's statistics
 // normalize (biased variance) and the running buffers, when given, are updated in place (momentum is the
 // exponential-average factor; running_var tracks the unbiased variance); in eval the running statistics normalize.
@@ -82,6 +83,20 @@ class BatchNormAddReLU2dImpl : public torch::nn::BatchNormImplBase<2, BatchNormA
   void _check_input_dim(const at::Tensor& input) override;
 };
 TORCH_MODULE(BatchNormAddReLU2d);
+
+// torch::nn::BatchNorm1d computed by torchext's batch_norm, as BatchNorm2d is torch::nn::BatchNorm2d's (the same
+// options, parameters, buffers, state-dict keys and behaviour). Input (N, C) or (N, C, L).
+class BatchNorm1dImpl : public torch::nn::BatchNormImplBase<1, BatchNorm1dImpl> {
+ public:
+  explicit BatchNorm1dImpl(int64_t num_features) : BatchNorm1dImpl(torch::nn::BatchNormOptions(num_features)) {}
+  explicit BatchNorm1dImpl(const torch::nn::BatchNormOptions& options_);
+  at::Tensor forward(const at::Tensor& input);
+  void pretty_print(std::ostream& stream) const override;
+
+ protected:
+  void _check_input_dim(const at::Tensor& input) override;
+};
+TORCH_MODULE(BatchNorm1d);
 
 }  // namespace nn
 }  // namespace torchext
