@@ -442,6 +442,23 @@ def _stock_pair(module_kwargs, device="cpu"):
     return stock, tnn.BatchNorm2d.from_torch(stock)
 
 
+def _step_matches_stock(stock, ours, x, what):
+    """One forward and backward of both modules on x: the outputs and the gradients of x and every parameter agree."""
+    xs, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ys, yo = stock(xs), ours(xo)
+    torch.testing.assert_close(yo, ys, msg=lambda m: f"[{what}: output] {m}")
+    g = torch.randn_like(ys)
+    params_s, params_o = [xs, *stock.parameters()], [xo, *ours.parameters()]
+    grads = zip(torch.autograd.grad(yo, params_o, g), torch.autograd.grad(ys, params_s, g), strict=True)
+    for i, (a, c) in enumerate(grads):
+        torch.testing.assert_close(a, c, msg=lambda m, i=i: f"[{what}: grad {i}] {m}")
+
+
+def _state_dicts_match(stock, ours, what):
+    for (name, a), c in zip(ours.state_dict().items(), stock.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, c, msg=lambda m, n=name: f"[{what}: {n}] {m}")
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [{}, {"momentum": None}, {"affine": False}, {"track_running_stats": False}, {"eps": 1e-3, "momentum": 0.3}],
@@ -453,17 +470,8 @@ def test_batch_norm2d_module_matches_stock(kwargs):
     assert isinstance(ours, nn.BatchNorm2d) and type(ours) is tnn.BatchNorm2d
     for step in range(3):
         x = make_tensor((4, 6, 3, 5), torch.float64, "cpu", "channels_last" if step % 2 else "contiguous")
-        xs, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
-        ys, yo = stock(xs), ours(xo)
-        what = f"{kwargs} step {step}"
-        torch.testing.assert_close(yo, ys, msg=lambda m, w=what: f"[{w}: output] {m}")
-        g = torch.randn_like(ys)
-        params_s, params_o = [xs, *stock.parameters()], [xo, *ours.parameters()]
-        grads = zip(torch.autograd.grad(yo, params_o, g), torch.autograd.grad(ys, params_s, g), strict=True)
-        for i, (a, c) in enumerate(grads):
-            torch.testing.assert_close(a, c, msg=lambda m, i=i, w=what: f"[{w}: grad {i}] {m}")
-    for (name, a), c in zip(ours.state_dict().items(), stock.state_dict().values(), strict=True):
-        torch.testing.assert_close(a, c, msg=lambda m, n=name: f"[{kwargs}: {n}] {m}")
+        _step_matches_stock(stock, ours, x, f"{kwargs} step {step}")
+    _state_dicts_match(stock, ours, str(kwargs))
     stock.eval(), ours.eval()
     x = make_tensor((2, 6, 3, 5), torch.float64, "cpu")
     torch.testing.assert_close(ours(x), stock(x), msg=lambda m: f"[{kwargs}: eval output] {m}")
@@ -498,17 +506,8 @@ def test_batch_norm1d_module_matches_stock(device, kwargs):
     ]
     for step, (shape, layout) in enumerate(shapes):
         x = make_tensor(shape, torch.float64, device, layout)
-        xs, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
-        ys, yo = stock(xs), ours(xo)
-        what = f"{kwargs} step {step} {shape} {layout}"
-        torch.testing.assert_close(yo, ys, msg=lambda m, w=what: f"[{w}: output] {m}")
-        g = torch.randn_like(ys)
-        params_s, params_o = [xs, *stock.parameters()], [xo, *ours.parameters()]
-        grads = zip(torch.autograd.grad(yo, params_o, g), torch.autograd.grad(ys, params_s, g), strict=True)
-        for i, (a, c) in enumerate(grads):
-            torch.testing.assert_close(a, c, msg=lambda m, i=i, w=what: f"[{w}: grad {i}] {m}")
-    for (name, a), c in zip(ours.state_dict().items(), stock.state_dict().values(), strict=True):
-        torch.testing.assert_close(a, c, msg=lambda m, n=name: f"[{kwargs}: {n}] {m}")
+        _step_matches_stock(stock, ours, x, f"{kwargs} step {step} {shape} {layout}")
+    _state_dicts_match(stock, ours, str(kwargs))
     with pytest.raises(ValueError, match="Expected more than 1 value per channel when training"):
         ours(make_tensor((1, 16), torch.float64, device))
     with pytest.raises(ValueError, match="expected 2D or 3D input"):
