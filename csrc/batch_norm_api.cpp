@@ -38,13 +38,14 @@ void check_4d(const char* module, const Tensor& input) {
   TORCH_CHECK_VALUE(input.dim() == 4, "torchext::nn::", module, ": expected 4D input (got ", input.dim(), "D input)");
 }
 
-// torch's check in training: a channel's statistics need more than one value (N times the spatial size).
+// torch's check where the batch's statistics normalize: a channel's statistics need more than one value (N times
+// the spatial size); torch's message after the module's name.
 void check_batch_size(const char* module, const Tensor& input, bool training) {
   if (!training || input.dim() < 2) return;
   int64_t per_channel = input.size(0);
   for (int64_t d = 2; d < input.dim(); ++d) per_channel *= input.size(d);
   TORCH_CHECK_VALUE(per_channel != 1, "torchext::nn::", module,
-                    ": expected more than 1 value per channel when training, got input size ", input.sizes());
+                    ": Expected more than 1 value per channel when training, got input size ", input.sizes());
 }
 
 void print_options(std::ostream& stream, const char* name, const torch::nn::BatchNormOptions& o) {

@@ -443,9 +443,11 @@ def _stock_pair(module_kwargs, device="cpu"):
 
 
 def _step_matches_stock(stock, ours, x, what):
-    """One forward and backward of both modules on x: the outputs and the gradients of x and every parameter agree."""
+    """One forward and backward of both modules on x: ours runs torchext's op (its autograd node), and the outputs
+    and the gradients of x and every parameter agree."""
     xs, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
     ys, yo = stock(xs), ours(xo)
+    assert "torchext" in yo.grad_fn.name(), f"[{what}] not torchext's op: {yo.grad_fn.name()}"
     torch.testing.assert_close(yo, ys, msg=lambda m: f"[{what}: output] {m}")
     g = torch.randn_like(ys)
     params_s, params_o = [xs, *stock.parameters()], [xo, *ours.parameters()]
@@ -597,6 +599,8 @@ def test_swap_modules_swaps_batch_norm():
     assert type(model[1]) is tnn.BatchNorm2d and ("1", "nn.BatchNorm2d", "torchext.nn.BatchNorm2d") in report.replaced
     assert model[1].running_mean is not stock[1].running_mean  # a copy: inplace=False
     assert type(model[3]) is tnn.BatchNorm1d and ("3", "nn.BatchNorm1d", "torchext.nn.BatchNorm1d") in report.replaced
+    node = model[3](torch.randn(5, 4, dtype=torch.float64, requires_grad=True)).grad_fn.name()
+    assert "torchext" in node, f"[swapped BatchNorm1d] not torchext's op: {node}"
     assert ("3", "nn.BatchNorm1d", "batch_norm=False") in kept.left_stock
     x = torch.randn(5, 3, 6, 6, dtype=torch.float64)
     head = nn.Sequential(*list(stock)[:3])

@@ -264,7 +264,7 @@ class Conv2dStats(Conv2d):
 # --- batch normalization (torchext/ops/batch_norm.py) ----------------------------------------------------------------
 
 
-class _BatchNorm:
+class _TorchextBatchNorm:
     """What torchext's BatchNorm1d and BatchNorm2d share beside their torch.nn base (which holds the parameters,
     buffers and input-dimension check): the forward through torchext's batch_norm and ``from_torch``."""
 
@@ -315,7 +315,7 @@ class _BatchNorm:
         return module.train(bn.training)
 
 
-class BatchNorm2d(_BatchNorm, nn.BatchNorm2d):
+class BatchNorm2d(_TorchextBatchNorm, nn.BatchNorm2d):
     """torch.nn.BatchNorm2d computed by torchext's batch_norm: same constructor arguments, parameters, buffers
     (running_mean, running_var, num_batches_tracked) and state_dict keys, and the same training / eval behaviour
     (momentum=None is the cumulative average over num_batches_tracked; track_running_stats=False normalizes with the
@@ -324,7 +324,7 @@ class BatchNorm2d(_BatchNorm, nn.BatchNorm2d):
     _torch_class = nn.BatchNorm2d
 
 
-class BatchNorm1d(_BatchNorm, nn.BatchNorm1d):
+class BatchNorm1d(_TorchextBatchNorm, nn.BatchNorm1d):
     """torch.nn.BatchNorm1d computed by torchext's batch_norm, on (N, C) or (N, C, L) input, as BatchNorm2d is
     nn.BatchNorm2d's (the same arguments, parameters, buffers, state_dict keys and behaviour). (N, C) runs the kernels'
     channels-last path (N rows of C channels), (N, C, L) their NCHW path. ``BatchNorm1d.from_torch(bn)`` converts a

@@ -35,8 +35,9 @@ divisor_override: torch raises at its forward as well) is left stock, with the r
 sums) are reduced across ranks, which torchext's batch_norm does not do, and it is not fused with its ReLU or add. To
 train with SyncBatchNorm, convert the stock model first (``nn.SyncBatchNorm.convert_sync_batchnorm(model)``), then
 swap: the other layers become torchext's. Converting after the swap works on a model swapped with ``fuse=False`` (its
-torchext BatchNorm2d layers become stock SyncBatchNorms); on a fused model it raises a ``TypeError`` naming the first
-fused BatchNorm, since a SyncBatchNorm in its place would drop the ReLU or the residual add (torchext/fusion.py).
+torchext BatchNorm1d and BatchNorm2d layers become stock SyncBatchNorms); on a fused model it raises a ``TypeError``
+naming the first fused BatchNorm, since a SyncBatchNorm in its place would drop the ReLU or the residual add
+(torchext/fusion.py).
 
 Losses are not modules of a model: choose ``torchext.nn.CrossEntropyLoss`` (label smoothing supported) where the
 training loop builds its loss.

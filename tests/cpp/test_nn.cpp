@@ -1,5 +1,6 @@
 // torchext::nn's modules against torch::nn's (same initialisation, parameter names, forward and backward; inside
 // torch::nn::Sequential), and the memory pool's C++ API.
+#include <functional>
 #include <sstream>
 
 #include "common.h"
@@ -258,11 +259,34 @@ TEST(Modules, BatchNorm1dMirrorsTorch) {
       }
     }
   }
+  // torch's errors, from every BatchNorm module: a rank other than the module's, and one value per channel where the
+  // batch's statistics normalize (training, or eval without running statistics); eval with them takes batch 1.
+  const auto expect_value_error = [](const std::function<void()>& call, const std::string& words,
+                                     const std::string& what) {
+    try {
+      call();
+      ADD_FAILURE() << what << ": no error";
+    } catch (const c10::ValueError& e) {
+      const std::string message = e.what_without_backtrace();
+      EXPECT_NE(message.find(words), std::string::npos) << what << ": " << message;
+    }
+  };
+  const std::string one_value = "Expected more than 1 value per channel when training, got input size [1, 4";
   torchext::nn::BatchNorm1d bn(4);
-  EXPECT_THROW(bn(torch::randn({2, 4, 3, 3})), c10::Error);
-  EXPECT_THROW(bn(torch::randn({1, 4})), c10::Error);  // training: one value per channel
+  torchext::nn::BatchNorm2d bn2d(4);
+  torchext::nn::BatchNormAddReLU2d add_relu(4);
+  torchext::nn::BatchNorm1d no_stats(torch::nn::BatchNormOptions(4).track_running_stats(false));
+  const Tensor one = torch::randn({1, 4, 1, 1});
+  expect_value_error([&] { bn(torch::randn({2, 4, 3, 3})); }, "expected 2D or 3D input (got 4D input)", "1d rank");
+  expect_value_error([&] { bn(torch::randn({1, 4})); }, "BatchNorm1d: " + one_value, "1d batch 1");
+  expect_value_error([&] { bn2d(one); }, "BatchNorm2d: " + one_value, "2d batch 1");
+  expect_value_error([&] { add_relu(one, one); }, "BatchNormAddReLU2d: " + one_value, "add_relu batch 1");
+  no_stats->eval();
+  expect_value_error([&] { no_stats(torch::randn({1, 4})); }, one_value, "1d eval without running statistics");
   bn->eval();
+  bn2d->eval();
   EXPECT_EQ(bn(torch::randn({1, 4})).sizes(), torch::IntArrayRef({1, 4}));
+  EXPECT_EQ(bn2d(one).sizes(), one.sizes());
   std::ostringstream text;
   text << *bn;
   EXPECT_EQ(text.str(), "torchext::nn::BatchNorm1d(4, eps=1e-05, momentum=0.1, affine=true, track_running_stats=true)");

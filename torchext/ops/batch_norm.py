@@ -1,4 +1,5 @@
-"""Batch normalization with nn.BatchNorm2d's semantics, alone or fused with a ReLU or a residual add + ReLU.
+"""Batch normalization with nn.BatchNorm2d's (and nn.BatchNorm1d's) semantics, alone or fused with a ReLU or a residual
+add + ReLU.
 
 batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps, sum=None, sum_sq=None,
 kernel=None) is F.batch_norm for input (N, C, ...): in training the batch's statistics normalize (biased variance) and
