@@ -20,9 +20,11 @@ from torchext.profiling import (
     GpuTimeProfiler,
     describe,
     device_events,
+    event_family,
     gpu_time_share,
     is_torchext_kernel,
     kernel_family,
+    op_family,
     short_kernel_name,
     summarize,
 )
@@ -235,6 +237,25 @@ def test_gpu_time_share_on_cuda():
 
 
 @gpu
+def test_stock_reductions_count_in_their_layers_family():
+    """On a real CUDA profile the profiler links each kernel to its CPU op: stock's global average pool (a mean, run
+    by ATen's generic reduce kernel) counts as pooling and the convolution's bias-gradient sum as convolution, so
+    nothing of this step is left in 'other'."""
+    conv = torch.nn.Conv2d(16, 16, 3, padding=1).cuda()
+    x = torch.randn(8, 16, 12, 12, device="cuda", requires_grad=True)
+
+    def step():
+        pooled = torch.nn.functional.adaptive_avg_pool2d(conv(x), 1)
+        pooled.backward(torch.ones_like(pooled))
+
+    r = gpu_time_share(step, steps=2, warmup=1, top=50)
+    assert r["reason"] is None, r["reason"]
+    reductions = [(k["family"], k["name"][:60]) for k in r["by_kernel"] if "reduce_kernel" in k["full_name"]]
+    assert "pool" in {f for f, _ in reductions}, reductions
+    assert r["by_family"]["other"]["us"] == 0.0, [(k["family"], k["name"][:80]) for k in r["by_kernel"]]
+
+
+@gpu
 def test_stock_lambda_kernels_are_counted():
     """torch.relu runs an ATen kernel instantiated on a lambda ('{lambda()#1}' in its name): it is GPU work, not an
     annotation range, so it is in the total (it once was dropped, understating stock's GPU time)."""
@@ -377,6 +398,106 @@ def test_committed_kernels_are_nearly_all_classified():
     stray = [n for n, k in rows if is_torchext_kernel(n) and kernel_family(n, k) == "other"]
     assert not stray, stray
     assert set(KERNEL_FAMILIES) == set(FAMILY_LABELS)
+
+
+# ATen's generic reduction, as Kineto names it: the same kernel sums a convolution's bias gradient and a pool's mean.
+ATEN_SUM = (
+    "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
+    "at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, "
+    "unsigned int, float, 4, 4> >(at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
+    "at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, "
+    "unsigned int, float, 4, 4>)"
+)
+ATEN_COPY = "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)>"
+
+
+def _op(id, name, parent=None):
+    """A CPU op as torch's FunctionEvent holds it (``id``, ``cpu_parent``)."""
+    op = FunctionEvent(id=id, name=name, thread=0, start_us=0.0, end_us=100.0, device_type=DeviceType.CPU)
+    if parent is not None:
+        op.set_cpu_parent(parent)
+    return op
+
+
+def _kernel(name, us, linked):
+    kernel = FunctionEvent(
+        id=1000 + linked, name=name, thread=0, start_us=0.0, end_us=us, device_type=DeviceType.CUDA,
+        linked_correlation_id=linked,
+    )  # fmt: skip
+    kernel.activity_type = "kernel"
+    return kernel
+
+
+def test_generic_kernels_take_their_launching_ops_family():
+    """A kernel whose name says nothing of its layer ('other' or 'elementwise' by name: ATen's reductions and
+    functors) is counted in the family of the CPU op that launched it or of that op's callers, innermost first:
+    stock's conv bias-gradient sum is convolution, a global average pool's mean is pooling, a Linear's bias-gradient
+    sum GEMM, an elementwise kernel under the optimizer's step the optimizer. Copies stay copies, named kernels keep
+    their name's family, torchext's kernels theirs, and a kernel with no linked op or no family in its op chain keeps
+    its name's."""
+    conv_bw = _op(10, "autograd::engine::evaluate_function: ConvolutionBackward0")
+    conv_sum = _op(12, "aten::sum", _op(11, "aten::convolution_backward", conv_bw))
+    pool_mean = _op(21, "aten::mean", _op(20, "aten::adaptive_avg_pool2d"))
+    addmm_sum = _op(31, "aten::sum", _op(30, "AddmmBackward0"))
+    relu = _op(40, "aten::relu")
+    step = _op(51, "aten::mul_", _op(50, "Optimizer.step#SGD.step"))
+    conv_copy = _op(61, "aten::copy_", _op(60, "aten::convolution"))
+    lone_sum = _op(70, "aten::sum")
+    torchext_under_conv = _op(81, "torchext::relu", _op(80, "aten::conv2d"))
+    cpu = [conv_bw, conv_sum, conv_sum.cpu_parent, pool_mean, pool_mean.cpu_parent, addmm_sum, addmm_sum.cpu_parent]
+    cpu += [relu, step, step.cpu_parent, conv_copy, conv_copy.cpu_parent, lone_sum]
+    cpu += [torchext_under_conv, torchext_under_conv.cpu_parent]
+    kernels = [
+        _kernel(ATEN_SUM, 7.0, 12), _kernel(ATEN_SUM, 5.0, 21), _kernel(ATEN_SUM, 3.0, 31),
+        _kernel(ATEN_CLAMP, 2.0, 40), _kernel(ATEN_ADD, 1.0, 51), _kernel(ATEN_COPY, 4.0, 61),
+        _kernel(ATEN_SUM, 6.0, 70), _kernel(ATEN_SUM, 9.0, 0), _kernel(RELU, 8.0, 81), _kernel(CUDNN, 10.0, 60),
+    ]  # fmt: skip
+    events = device_events(cpu + kernels)
+    assert [e.op_family for e in events] == [
+        "conv",
+        "pool",
+        "gemm",
+        None,
+        "optimizer",
+        "conv",
+        None,
+        None,
+        "conv",
+        "conv",
+    ]
+    families = [event_family(e) for e in events]
+    assert families == [
+        "conv", "pool", "gemm", "elementwise", "optimizer", "copy", "other", "other", "elementwise", "conv",
+    ], families  # fmt: skip
+    fam = summarize(events, top=20)["by_family"]
+    assert fam["conv"]["us"] == 17.0 and fam["pool"]["us"] == 5.0 and fam["gemm"]["us"] == 3.0
+    assert fam["other"]["us"] == 15.0 and fam["elementwise"] == {"us": 10.0, "torchext_us": 8.0}
+    rows = [
+        (r["family"], r["calls"], r["us"]) for r in summarize(events, top=20)["by_kernel"] if r["full_name"] == ATEN_SUM
+    ]
+    assert sorted(rows) == [("conv", 1, 7.0), ("gemm", 1, 3.0), ("other", 2, 15.0), ("pool", 1, 5.0)], rows
+    assert op_family(["aten::sum", "aten::mean", "MaxPool2DWithIndicesBackward0"]) == "pool"
+    assert op_family(["aten::sum", "ProfilerStep#3"]) is None
+    # the engine's sum of a residual's two incoming gradients, run in the producing node's range but not in the node
+    assert op_family(["aten::add", "autograd::engine::evaluate_function: ConvolutionBackward0"]) is None
+
+
+def test_launching_ops_from_the_ops_kernel_lists():
+    """torch 2.11's device events carry no link to their op (``linked_correlation_id`` unset): each CPU op lists the
+    kernels it launched instead (name, device, duration), and a device event is matched to the op that lists it;
+    two ops listing the same kernel and duration are taken in turn, and an unlisted kernel has no op."""
+    conv_sum = _op(2, "aten::sum", _op(1, "aten::convolution_backward"))
+    pool_mean = _op(4, "aten::mean", _op(3, "aten::adaptive_avg_pool2d"))
+    lone_sum = _op(5, "aten::sum")
+    conv_sum.append_kernel(ATEN_SUM, 0, 7.0)
+    pool_mean.append_kernel(ATEN_SUM, 0, 5.0)
+    lone_sum.append_kernel(ATEN_SUM, 0, 7.0)
+    kernels = [_kernel(ATEN_SUM, us, 0) for us in (7.0, 5.0, 7.0, 2.0)]
+    for k in kernels:
+        del k.linked_correlation_id  # as torch 2.11's events: no attribute at all
+    events = device_events([conv_sum, conv_sum.cpu_parent, pool_mean, pool_mean.cpu_parent, lone_sum, *kernels])
+    assert [e.op_family for e in events] == ["conv", "pool", None, None]
+    assert [event_family(e) for e in events] == ["conv", "pool", "other", "other"]
 
 
 def test_summarize_splits_time_by_family():

@@ -21,7 +21,12 @@ an input) and memsets count as stock.
 The result also splits the GPU time by op family (``by_family``: {family: {"us", "torchext_us"}} over every
 activity, not only the top ones): ``kernel_family(name)`` sorts a kernel into one of ``KERNEL_FAMILIES`` by its name,
 for torch's ATen kernels, cuDNN's and cuBLAS's, inductor's fused Triton kernels and torchext's own (whose kernels are
-named after their op: ``conv2d_*``, ``batch_norm_*``, ``max_pool2d_*``, ...).
+named after their op: ``conv2d_*``, ``batch_norm_*``, ``max_pool2d_*``, ...). ATen's generic kernels (a sum, a
+mean, an elementwise functor) say nothing of the layer they serve: one that would sort into 'other' or 'elementwise'
+goes to the family of the op that launched it instead, where the profiler links the kernel to its CPU op and that op
+or one of its callers is named after a family (``op_family``): the reduction that sums stock's convolution bias
+gradient (under ``aten::convolution_backward``) is convolution, the mean of a global average pool (under
+``aten::adaptive_avg_pool2d``) is pooling, a Linear's bias-gradient sum (under ``AddmmBackward0``) is GEMM.
 
 Where there is nothing to measure (a CPU device, no CUDA, a torch without CUPTI support, no GPU activity
 recorded) the result has ``share`` None and ``reason`` saying why; nothing raises.
@@ -47,6 +52,8 @@ __all__ = [
     "KERNEL_FAMILIES",
     "FAMILY_LABELS",
     "kernel_family",
+    "op_family",
+    "event_family",
 ]
 
 _ACTIVITY_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
@@ -55,11 +62,13 @@ _ANONYMOUS = "(anonymous namespace)::"
 
 
 class DeviceEvent(NamedTuple):
-    """One activity on the GPU: its (demangled) name, kind ('kernel', 'memcpy' or 'memset') and duration."""
+    """One activity on the GPU: its (demangled) name, kind ('kernel', 'memcpy' or 'memset') and duration, and the
+    family its launching CPU op names (``op_family``; None where there is no link or no op of a family)."""
 
     name: str
     kind: str
     us: float
+    op_family: str | None = None
 
 
 def _demangle(name: str) -> str:
@@ -217,6 +226,51 @@ def _extern_ops_pattern() -> re.Pattern:
     return re.compile(r"_(?:" + "|".join(map(re.escape, ops)) + r")(?=_)(?!_backward)")
 
 
+# (family, pattern) tried on the lowercased names of the CPU op that launched a kernel and of its callers, innermost
+# first: ATen ops and autograd nodes (aten::convolution_backward, ConvolutionBackward0, AdaptiveAvgPool2DBackward0,
+# AddmmBackward0, aten::cross_entropy_loss), torchext's (torchext::conv2d_stats, CppNode<...BatchNormFunction>) and
+# the optimizer's annotation range (Optimizer.step#SGD.step).
+_OP_RULES = [
+    ("batch_norm", r"batch_?norm"),
+    ("pool", r"pool"),
+    ("conv", r"conv(?!ert)"),
+    ("loss", r"cross_?entropy|nll_?loss|softmax|loss"),
+    ("gemm", r"linear|addmm|matmul|(?<![a-z0-9])b?mm(?![a-z0-9])"),
+    ("optimizer", r"optimizer\.step|_foreach_|fused_(?:sgd|adam)"),
+]
+_OP_PATTERNS = [(f, re.compile(p)) for f, p in _OP_RULES]
+# The name-sorted families that a kernel's launching op may refine: its generic kernels'.
+_REFINED_BY_OP = ("other", "elementwise")
+
+
+# The autograd engine's range around a node: it also holds the engine's own sums of a tensor's incoming gradients
+# (a residual block's two paths), run after the node's function, which are not the node's work.
+_ENGINE_RANGE = "autograd::engine::evaluate_function:"
+
+
+def op_family(op_names: Iterable[str]) -> str | None:
+    """The family of the first op, innermost first, whose name is a family's (``_OP_RULES``); None if none is.
+    The autograd engine's ranges are skipped (``_ENGINE_RANGE``): the node inside one names its own work."""
+    for name in op_names:
+        if name.startswith(_ENGINE_RANGE):
+            continue
+        lowered = name.lower()
+        for family, pattern in _OP_PATTERNS:
+            if pattern.search(lowered):
+                return family
+    return None
+
+
+def event_family(event: DeviceEvent) -> str:
+    """A GPU activity's family: its name's (``kernel_family``), or, for a generic kernel of torch's ('other' or
+    'elementwise' by name; torchext's kernels are named after their op), that of the op that launched it where that
+    op names one."""
+    family = kernel_family(event.name, event.kind)
+    if family in _REFINED_BY_OP and event.op_family is not None and not is_torchext_kernel(event.name):
+        return event.op_family
+    return family
+
+
 def kernel_family(name: str, kind: str = "kernel") -> str:
     """The op family (one of ``KERNEL_FAMILIES``) of a GPU activity, from its name (demangled or mangled) and kind
     ('kernel', 'memcpy' or 'memset': the last two are copies)."""
@@ -262,11 +316,50 @@ def _is_annotation_name(name: str) -> bool:
     return "#" in name and not any(c in name for c in "(<{ ")
 
 
+def _op_chain(op: Any) -> list[str]:
+    """The names of a CPU op and of its callers (``cpu_parent``), innermost first."""
+    names = []
+    while op is not None and len(names) < 64:
+        names.append(op.name)
+        op = getattr(op, "cpu_parent", None)
+    return names
+
+
+class _Launchers:
+    """Which CPU op launched each device event. The profiler links them two ways: a device event's
+    ``linked_correlation_id`` is its op's ``id`` (where the FunctionEvent has one), and each CPU op lists the kernels
+    it launched (``kernels``: name, device, duration), which torch 2.11's events need: a device event is matched to
+    the op listing its name, device and duration (ops with the same kernel and duration in turn)."""
+
+    def __init__(self, events: list[Any]) -> None:
+        cpu = torch.autograd.DeviceType.CPU
+        self.by_id: dict[int, Any] = {}
+        self.by_kernel: dict[tuple, list[Any]] = defaultdict(list)
+        for e in events:
+            if getattr(e, "device_type", None) != cpu:
+                continue
+            if getattr(e, "id", None) is not None:
+                self.by_id[e.id] = e
+            for k in getattr(e, "kernels", None) or ():
+                self.by_kernel[(k.name, k.device, round(float(k.duration), 3))].append(e)
+
+    def op_of(self, event: Any) -> Any:
+        linked = getattr(event, "linked_correlation_id", None)
+        if linked and linked in self.by_id:
+            return self.by_id[linked]
+        duration = round(float(event.time_range.end - event.time_range.start), 3)
+        ops = self.by_kernel.get((event.name, getattr(event, "device_index", 0), duration))
+        return ops.pop(0) if ops else None
+
+
 def device_events(events: Iterable[Any], device: str | torch.device | None = None) -> list[DeviceEvent]:
     """The GPU activities among torch.profiler's events (``prof.events()``: FunctionEvents, or anything with
     ``name``, ``device_type``, ``activity_type``, ``device_index`` and ``time_range``); with a device that has an
-    index, only that device's."""
+    index, only that device's. Each kernel gets the family its launching op or that op's callers name
+    (``op_family``), where the events link kernels to CPU ops (``_Launchers``)."""
     index = torch.device(device).index if device is not None else None
+    events = list(events)
+    launchers = _Launchers(events)
     out = []
     for e in events:
         if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
@@ -276,7 +369,8 @@ def device_events(events: Iterable[Any], device: str | torch.device | None = Non
         kind = _event_kind(e)
         if kind is None:
             continue
-        out.append(DeviceEvent(_demangle(e.name), kind, float(e.time_range.end - e.time_range.start)))
+        family = op_family(_op_chain(launchers.op_of(e))) if kind == "kernel" else None
+        out.append(DeviceEvent(_demangle(e.name), kind, float(e.time_range.end - e.time_range.start), family))
     return out
 
 
@@ -287,23 +381,25 @@ def summarize(events: Iterable[DeviceEvent], top: int = 10) -> dict[str, Any]:
     total = sum(e.us for e in events)
     by_kind: dict[str, float] = defaultdict(float)
     by_family = {family: {"us": 0.0, "torchext_us": 0.0} for family in KERNEL_FAMILIES}
-    per_name: dict[str, dict[str, Any]] = {}
+    per_name: dict[tuple[str, str], dict[str, Any]] = {}
     torchext_us = 0.0
     for e in events:
         by_kind[e.kind] += e.us
-        if e.name not in per_name:
+        family = event_family(e)
+        key = (e.name, family)  # a generic kernel launched by ops of two families is two rows
+        if key not in per_name:
             ours = e.kind == "kernel" and is_torchext_kernel(e.name)
             short = short_kernel_name(e.name) if e.kind == "kernel" else e.name
-            per_name[e.name] = {
+            per_name[key] = {
                 "name": short,
                 "full_name": e.name,
                 "kind": e.kind,
-                "family": kernel_family(e.name, e.kind),
+                "family": family,
                 "torchext": ours,
                 "calls": 0,
                 "us": 0.0,
             }
-        row = per_name[e.name]
+        row = per_name[key]
         row["calls"] += 1
         row["us"] += e.us
         by_family[row["family"]]["us"] += e.us

@@ -21,7 +21,8 @@ top of what stays resident: both models' weights and optimizer states and the da
 prepared batches is in them too); the confusion matrices of the final models on the validation set; on CUDA, the
 share of the torchext model's GPU time spent in torchext kernels over a few profiled training steps
 (``torchext.profiling``), and both models' GPU time per step by op family (convolution, batch norm, pooling,
-elementwise, GEMM, loss, optimizer, copies: ``torchext.profiling.kernel_family``). summary.md also says which layers
+elementwise, GEMM, loss, optimizer, copies: ``torchext.profiling.event_family``, by kernel name, and a generic ATen
+kernel by the op that launched it). summary.md also says which layers
 run torchext's code (from the swap report).
 
 Usage::

@@ -232,7 +232,9 @@ def _families_table(families: dict | None) -> list[str]:
     lines = [
         "GPU time per training step by op family (the profiled steps of the final models; ms, and the share of the "
         "model's GPU time). 'In torchext kernels': the part of the torchext model's time spent in torchext's own "
-        "kernels.",
+        "kernels. A kernel counts in the family its name says; ATen's generic kernels (reductions, elementwise "
+        "functors) in that of the op that launched them, where the profiler links them (a convolution's "
+        "bias-gradient sum is convolution).",
         "",
         "| op family | stock (ms) | torchext (ms) | in torchext kernels (ms) | torchext - stock (ms) |",
         "|---|---|---|---|---|",
