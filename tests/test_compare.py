@@ -284,6 +284,12 @@ def test_summary_gpu_time_by_op_family(mlp_run):
         "| total | 5.000 | 4.750 | 0.650 | -0.250 |",
     ], table[:8]
     assert not any(line.startswith("| pooling") for line in table), "families neither model ran are left out"
+    assert fam["rule"] == "name" and "The families are the kernels' names'" in "\n".join(lines), "older profiles"
+    for key in ("stock_gpu_time", "gpu_time_share"):
+        results[key]["family_rule"] = "launching_op"  # as torchext.profiling writes it now
+    results["summary"] = compare.summarize(results)
+    assert results["summary"]["op_families"]["rule"] == "launching_op"
+    assert "in that of the op that launched them" in compare.render_summary(results)
 
 
 def test_summary_op_families_from_an_older_kernel_table(mlp_run):

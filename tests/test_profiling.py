@@ -251,7 +251,7 @@ def test_stock_reductions_count_in_their_layers_family():
     r = gpu_time_share(step, steps=2, warmup=1, top=50)
     assert r["reason"] is None, r["reason"]
     reductions = [(k["family"], k["name"][:60]) for k in r["by_kernel"] if "reduce_kernel" in k["full_name"]]
-    assert "pool" in {f for f, _ in reductions}, reductions
+    assert {f for f, _ in reductions} == {"conv", "pool"}, reductions
     assert r["by_family"]["other"]["us"] == 0.0, [(k["family"], k["name"][:80]) for k in r["by_kernel"]]
 
 
@@ -411,17 +411,17 @@ ATEN_SUM = (
 ATEN_COPY = "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)>"
 
 
-def _op(id, name, parent=None):
+def _op(id, name, parent=None, start=0.0):
     """A CPU op as torch's FunctionEvent holds it (``id``, ``cpu_parent``)."""
-    op = FunctionEvent(id=id, name=name, thread=0, start_us=0.0, end_us=100.0, device_type=DeviceType.CPU)
+    op = FunctionEvent(id=id, name=name, thread=0, start_us=start, end_us=start + 100.0, device_type=DeviceType.CPU)
     if parent is not None:
         op.set_cpu_parent(parent)
     return op
 
 
-def _kernel(name, us, linked):
+def _kernel(name, us, linked, start=0.0):
     kernel = FunctionEvent(
-        id=1000 + linked, name=name, thread=0, start_us=0.0, end_us=us, device_type=DeviceType.CUDA,
+        id=1000 + linked, name=name, thread=0, start_us=start, end_us=start + us, device_type=DeviceType.CUDA,
         linked_correlation_id=linked,
     )  # fmt: skip
     kernel.activity_type = "kernel"
@@ -431,10 +431,10 @@ def _kernel(name, us, linked):
 def test_generic_kernels_take_their_launching_ops_family():
     """A kernel whose name says nothing of its layer ('other' or 'elementwise' by name: ATen's reductions and
     functors) is counted in the family of the CPU op that launched it or of that op's callers, innermost first:
-    stock's conv bias-gradient sum is convolution, a global average pool's mean is pooling, a Linear's bias-gradient
-    sum GEMM, an elementwise kernel under the optimizer's step the optimizer. Copies stay copies, named kernels keep
-    their name's family, torchext's kernels theirs, and a kernel with no linked op or no family in its op chain keeps
-    its name's."""
+    stock's conv bias-gradient sum is convolution, a global average pool's mean is pooling, a sum under a GEMM's
+    backward node GEMM, an elementwise kernel under the optimizer's step the optimizer. Copies stay copies, named
+    kernels keep their name's family, torchext's kernels theirs, and a kernel with no linked op or no family in its op
+    chain keeps its name's. A runtime call whose id (CUPTI's, counted apart) equals an op's does not take its place."""
     conv_bw = _op(10, "autograd::engine::evaluate_function: ConvolutionBackward0")
     conv_sum = _op(12, "aten::sum", _op(11, "aten::convolution_backward", conv_bw))
     pool_mean = _op(21, "aten::mean", _op(20, "aten::adaptive_avg_pool2d"))
@@ -447,6 +447,12 @@ def test_generic_kernels_take_their_launching_ops_family():
     cpu = [conv_bw, conv_sum, conv_sum.cpu_parent, pool_mean, pool_mean.cpu_parent, addmm_sum, addmm_sum.cpu_parent]
     cpu += [relu, step, step.cpu_parent, conv_copy, conv_copy.cpu_parent, lone_sum]
     cpu += [torchext_under_conv, torchext_under_conv.cpu_parent]
+    launch = FunctionEvent(
+        id=12, name="cudaLaunchKernel", thread=0, start_us=0.0, end_us=1.0, device_type=DeviceType.CPU,
+        linked_correlation_id=1030,
+    )  # fmt: skip
+    launch.set_cpu_parent(_op(90, "AddmmBackward0"))  # a runtime call of another op, its id the conv sum's
+    cpu += [launch, launch.cpu_parent]
     kernels = [
         _kernel(ATEN_SUM, 7.0, 12), _kernel(ATEN_SUM, 5.0, 21), _kernel(ATEN_SUM, 3.0, 31),
         _kernel(ATEN_CLAMP, 2.0, 40), _kernel(ATEN_ADD, 1.0, 51), _kernel(ATEN_COPY, 4.0, 61),
@@ -480,24 +486,30 @@ def test_generic_kernels_take_their_launching_ops_family():
     assert op_family(["aten::sum", "ProfilerStep#3"]) is None
     # the engine's sum of a residual's two incoming gradients, run in the producing node's range but not in the node
     assert op_family(["aten::add", "autograd::engine::evaluate_function: ConvolutionBackward0"]) is None
+    assert op_family(["aten::upsample_bilinear2d"]) is None and op_family(["MmBackward0"]) == "gemm"
+    assert op_family(["aten::max_pool2d_with_indices"]) == "pool" and op_family(["aten::mean"]) is None
 
 
 def test_launching_ops_from_the_ops_kernel_lists():
     """torch 2.11's device events carry no link to their op (``linked_correlation_id`` unset): each CPU op lists the
-    kernels it launched instead (name, device, duration), and a device event is matched to the op that lists it;
-    two ops listing the same kernel and duration are taken in turn, and an unlisted kernel has no op."""
-    conv_sum = _op(2, "aten::sum", _op(1, "aten::convolution_backward"))
-    pool_mean = _op(4, "aten::mean", _op(3, "aten::adaptive_avg_pool2d"))
-    lone_sum = _op(5, "aten::sum")
+    kernels it launched instead (name, device, duration), and a device event is matched to the first op that lists
+    it and started before it ran; two ops listing the same kernel and duration are taken in turn, and an unlisted
+    kernel has no op (nor does it take a later op's: it ran before that op started)."""
+    conv_sum = _op(2, "aten::sum", _op(1, "aten::convolution_backward", start=10.0), start=10.0)
+    pool_mean = _op(4, "aten::mean", _op(3, "aten::adaptive_avg_pool2d", start=20.0), start=20.0)
+    lone_sum = _op(5, "aten::sum", start=30.0)
     conv_sum.append_kernel(ATEN_SUM, 0, 7.0)
     pool_mean.append_kernel(ATEN_SUM, 0, 5.0)
     lone_sum.append_kernel(ATEN_SUM, 0, 7.0)
-    kernels = [_kernel(ATEN_SUM, us, 0) for us in (7.0, 5.0, 7.0, 2.0)]
+    starts = {"unlisted": 1.0, "conv": 15.0, "pool": 25.0, "lone": 35.0, "short": 40.0}
+    kernels = [_kernel(ATEN_SUM, 7.0, 0, starts["unlisted"])]
+    kernels += [_kernel(ATEN_SUM, us, 0, starts[k]) for us, k in ((7.0, "conv"), (5.0, "pool"), (7.0, "lone"))]
+    kernels += [_kernel(ATEN_SUM, 2.0, 0, starts["short"])]
     for k in kernels:
         del k.linked_correlation_id  # as torch 2.11's events: no attribute at all
     events = device_events([conv_sum, conv_sum.cpu_parent, pool_mean, pool_mean.cpu_parent, lone_sum, *kernels])
-    assert [e.op_family for e in events] == ["conv", "pool", None, None]
-    assert [event_family(e) for e in events] == ["conv", "pool", "other", "other"]
+    assert [e.op_family for e in events] == [None, "conv", "pool", None, None]
+    assert [event_family(e) for e in events] == ["other", "conv", "pool", "other", "other"]
 
 
 def test_summarize_splits_time_by_family():

@@ -5,7 +5,10 @@ torch.profiler, and returns::
 
     {"device": "cuda:0", "total_us": ..., "torchext_us": ..., "share": torchext_us / total_us,
      "by_kind": {"kernel": us, "memcpy": us, "memset": us}, "events": n, "reason": None, "steps": 5,
-     "by_kernel": [{"name", "full_name", "kind", "torchext", "calls", "us", "share"}, ...]}   # top ``top``
+     "by_family": {family: {"us", "torchext_us"}}, "family_rule": "launching_op",
+     "by_kernel": [{"name", "full_name", "kind", "family", "torchext", "calls", "us", "share"}, ...]}   # top ``top``
+
+(a generic kernel launched by ops of two families is two rows of ``by_kernel``).
 
 ``GpuTimeProfiler`` is the same as a context manager around any code (a few steps of a real training loop):
 ``with GpuTimeProfiler() as p: ...`` then ``p.result``.
@@ -26,7 +29,9 @@ mean, an elementwise functor) say nothing of the layer they serve: one that woul
 goes to the family of the op that launched it instead, where the profiler links the kernel to its CPU op and that op
 or one of its callers is named after a family (``op_family``): the reduction that sums stock's convolution bias
 gradient (under ``aten::convolution_backward``) is convolution, the mean of a global average pool (under
-``aten::adaptive_avg_pool2d``) is pooling, a Linear's bias-gradient sum (under ``AddmmBackward0``) is GEMM.
+``aten::adaptive_avg_pool2d``) is pooling, the loss's sums (under ``aten::cross_entropy_loss``) are the loss. What the
+autograd engine runs between nodes (the sum of a tensor's incoming gradients, the sum that reduces a broadcast
+bias's gradient to its shape) keeps its name's family.
 
 Where there is nothing to measure (a CPU device, no CUDA, a torch without CUPTI support, no GPU activity
 recorded) the result has ``share`` None and ``reason`` saying why; nothing raises.
@@ -232,10 +237,10 @@ def _extern_ops_pattern() -> re.Pattern:
 # the optimizer's annotation range (Optimizer.step#SGD.step).
 _OP_RULES = [
     ("batch_norm", r"batch_?norm"),
-    ("pool", r"pool"),
+    ("pool", r"(?:max|avg)_?pool|adaptive_"),
     ("conv", r"conv(?!ert)"),
     ("loss", r"cross_?entropy|nll_?loss|softmax|loss"),
-    ("gemm", r"linear|addmm|matmul|(?<![a-z0-9])b?mm(?![a-z0-9])"),
+    ("gemm", r"(?<![a-z])linear|addmm|matmul|(?<![a-z0-9])b?mm(?:backward|(?![a-z0-9]))"),
     ("optimizer", r"optimizer\.step|_foreach_|fused_(?:sgd|adam)"),
 ]
 _OP_PATTERNS = [(f, re.compile(p)) for f, p in _OP_RULES]
@@ -326,30 +331,41 @@ def _op_chain(op: Any) -> list[str]:
 
 
 class _Launchers:
-    """Which CPU op launched each device event. The profiler links them two ways: a device event's
-    ``linked_correlation_id`` is its op's ``id`` (where the FunctionEvent has one), and each CPU op lists the kernels
-    it launched (``kernels``: name, device, duration), which torch 2.11's events need: a device event is matched to
-    the op listing its name, device and duration (ops with the same kernel and duration in turn)."""
+    """Which CPU op launched each kernel. The profiler links them two ways. Where device events carry a
+    ``linked_correlation_id`` (newer torch), it is the ``id`` of the op that launched them; only CPU ops are indexed
+    (their own ``linked_correlation_id`` is 0: the runtime calls' ids, CUPTI's, count separately and collide with
+    them). Otherwise (torch 2.11) each CPU op lists the kernels it launched (``kernels``: name, device, duration),
+    and a kernel is matched to the first op listing its name, device and duration that started before it ran. One
+    of the two ways per profile."""
 
     def __init__(self, events: list[Any]) -> None:
-        cpu = torch.autograd.DeviceType.CPU
+        cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
         self.by_id: dict[int, Any] = {}
         self.by_kernel: dict[tuple, list[Any]] = defaultdict(list)
+        self.linked = any(
+            getattr(e, "device_type", None) == cuda and getattr(e, "linked_correlation_id", None) for e in events
+        )
         for e in events:
-            if getattr(e, "device_type", None) != cpu:
+            if getattr(e, "device_type", None) != cpu or getattr(e, "is_async", False):
                 continue
-            if getattr(e, "id", None) is not None:
-                self.by_id[e.id] = e
-            for k in getattr(e, "kernels", None) or ():
-                self.by_kernel[(k.name, k.device, round(float(k.duration), 3))].append(e)
+            if self.linked:
+                if not getattr(e, "linked_correlation_id", None) and getattr(e, "id", None) is not None:
+                    self.by_id[e.id] = e
+            else:
+                for k in getattr(e, "kernels", None) or ():
+                    self.by_kernel[(k.name, k.device, round(float(k.duration), 3))].append(e)
 
     def op_of(self, event: Any) -> Any:
-        linked = getattr(event, "linked_correlation_id", None)
-        if linked and linked in self.by_id:
-            return self.by_id[linked]
-        duration = round(float(event.time_range.end - event.time_range.start), 3)
-        ops = self.by_kernel.get((event.name, getattr(event, "device_index", 0), duration))
-        return ops.pop(0) if ops else None
+        if self.linked:
+            return self.by_id.get(getattr(event, "linked_correlation_id", None) or 0)
+        start = event.time_range.start
+        ops = self.by_kernel.get(
+            (event.name, getattr(event, "device_index", 0), round(float(event.time_range.end - start), 3))
+        )
+        for i, op in enumerate(ops or ()):
+            if op.time_range.start <= start:
+                return ops.pop(i)
+        return None
 
 
 def device_events(events: Iterable[Any], device: str | torch.device | None = None) -> list[DeviceEvent]:
@@ -421,6 +437,7 @@ def summarize(events: Iterable[DeviceEvent], top: int = 10) -> dict[str, Any]:
         "events": len(events),
         "by_kernel": rows,
         "reason": reason,
+        "family_rule": "launching_op",  # the families: by name, generic kernels by their launching op
     }
 
 

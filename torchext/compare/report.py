@@ -209,10 +209,15 @@ def _family_ms(profile) -> dict | None:
 
 def op_families(results: dict) -> dict | None:
     """GPU time per training step by op family (``torchext.profiling.KERNEL_FAMILIES``) of each model's profiled
-    steps: {"stock": {family: {"ms", "torchext_ms"}}, "torchext": {...}}, a model None where it was not profiled;
-    None when neither was (on the CPU)."""
+    steps: {"stock": {family: {"ms", "torchext_ms"}}, "torchext": {...}, "rule": ...}, a model None where it was not
+    profiled; None when neither was (on the CPU). "rule" is "launching_op" where every profile sorted ATen's generic
+    kernels by the op that launched them (``torchext.profiling``'s ``family_rule``), else "name" (older results)."""
+    profiles = [p for p in (results.get("stock_gpu_time"), results.get("gpu_time_share")) if p]
     out = {"stock": _family_ms(results.get("stock_gpu_time")), "torchext": _family_ms(results.get("gpu_time_share"))}
-    return out if any(out.values()) else None
+    if not any(out.values()):
+        return None
+    by_op = profiles and all(p.get("family_rule") == "launching_op" for p in profiles)
+    return {**out, "rule": "launching_op" if by_op else "name"}
 
 
 def _families_table(families: dict | None) -> list[str]:
@@ -229,12 +234,18 @@ def _families_table(families: dict | None) -> list[str]:
             return "n/a"
         return f"{ms:.3f} ({100 * ms / totals[name]:.1f}%)" if totals[name] else f"{ms:.3f}"
 
+    if families.get("rule") == "launching_op":
+        rule = (
+            " A kernel counts in the family its name says; ATen's generic kernels (reductions, elementwise functors) "
+            "in that of the op that launched them, where the profiler links them (a convolution's bias-gradient sum "
+            "is convolution)."
+        )
+    else:
+        rule = " The families are the kernels' names' (ATen's generic reductions in 'other')."
     lines = [
         "GPU time per training step by op family (the profiled steps of the final models; ms, and the share of the "
         "model's GPU time). 'In torchext kernels': the part of the torchext model's time spent in torchext's own "
-        "kernels. A kernel counts in the family its name says; ATen's generic kernels (reductions, elementwise "
-        "functors) in that of the op that launched them, where the profiler links them (a convolution's "
-        "bias-gradient sum is convolution).",
+        "kernels." + rule,
         "",
         "| op family | stock (ms) | torchext (ms) | in torchext kernels (ms) | torchext - stock (ms) |",
         "|---|---|---|---|---|",
