@@ -171,6 +171,19 @@ struct Words8 {
     __builtin_memcpy(&h, reinterpret_cast<const char*>(w) + 2 * j, 2);
     return to_acc<T>(h);
   }
+  // The words of f(0), ..., f(7) (floats, called in element order), rounded to T two at a time.
+  template <typename F>
+  __device__ __forceinline__ static Words8 of(F&& f) {
+    Words8 out;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      float v[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) v[h] = f(2 * p + h);
+      out.put2(p, v[0], v[1]);
+    }
+    return out;
+  }
   // Elements 2 p and 2 p + 1 from a and b, rounded to T (to nearest even, as from_acc).
   __device__ __forceinline__ void put2(int p, float a, float b) {
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
@@ -742,22 +755,15 @@ __device__ __forceinline__ void normalize_rows_group_words(const T* __restrict__
   }
 #pragma unroll
   for (int i = 0; i < N; ++i) {
-    Words8<T> yv;
     uint8_t bits = 0;
-#pragma unroll
-    for (int p = 0; p < kUnit / 2; ++p) {
-      A v[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int j = 2 * p + h;
-        v[h] = coef.apply(xv[i].get(j), j);
-        if constexpr (RELU) {
-          bits |= math::relu_bit(v[h]) ? uint8_t(1u << j) : uint8_t(0);
-          v[h] = relu_value(v[h]);
-        }
+    const Words8<T> yv = Words8<T>::of([&](int j) {
+      const A v = coef.apply(xv[i].get(j), j);
+      if constexpr (RELU) {
+        bits |= math::relu_bit(v) ? uint8_t(1u << j) : uint8_t(0);
+        return relu_value(v);
       }
-      yv.put2(p, v[0], v[1]);
-    }
+      return v;
+    });
     yv.store(y + e + I(i) * t.stride);
     if constexpr (RELU) mask[m + I(i) * t.mstride] = bits;
   }
@@ -988,18 +994,10 @@ __device__ __forceinline__ void backward_rows_group_words(const T* __restrict__ 
     // dz = dy where the mask's bit is set, else +0: grad_residual as it is (no rounding: the words of dy).
     const Words8<T> dzv = gv[i].masked(bits[i]);
     if (f.grad_input) {
-      Words8<T> dxv;
-#pragma unroll
-      for (int p = 0; p < kUnit / 2; ++p) {
-        A d[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int j = 2 * p + h;
-          const A dz = dzv.get(j);
-          d[h] = f.training ? coef.apply(dz, xv[i].get(j), j) : coef.k[j] * dz;
-        }
-        dxv.put2(p, d[0], d[1]);
-      }
+      const Words8<T> dxv = Words8<T>::of([&](int j) {
+        const A dz = dzv.get(j);
+        return f.training ? coef.apply(dz, xv[i].get(j), j) : coef.k[j] * dz;
+      });
       dxv.store(dx + e + I(i) * t.stride);
     }
     if (f.grad_residual) dzv.store(gres + e + I(i) * t.stride);
