@@ -85,6 +85,7 @@ def _demangle(name: str) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=4096)
 def is_torchext_kernel(name: str) -> bool:
     """Whether a kernel name (demangled, or Itanium-mangled) names code in torchext's C++ namespace."""
     name = _demangle(name)
@@ -276,6 +277,7 @@ def event_family(event: DeviceEvent) -> str:
     return family
 
 
+@functools.lru_cache(maxsize=4096)  # summarize sorts every event, of a few hundred distinct names
 def kernel_family(name: str, kind: str = "kernel") -> str:
     """The op family (one of ``KERNEL_FAMILIES``) of a GPU activity, from its name (demangled or mangled) and kind
     ('kernel', 'memcpy' or 'memset': the last two are copies)."""
