@@ -531,6 +531,11 @@ def _render_loops(model: str, r: dict) -> list:
     return lines
 
 
+def _x_range(t: Timing) -> str:
+    """A ratio's median and p20-p80: '1.029x (0.938-1.106)'."""
+    return f"{t.p50:.3f}x ({t.p20:.3f}-{t.p80:.3f})"
+
+
 def _busy(t: dict, pace: str) -> str:
     """The GPU work per step of bare and loop, and its share of their pace (metric ``pace``)."""
     busy = []
@@ -586,9 +591,8 @@ def _render_timeline(model: str, r: dict, args) -> list:
         cells = []
         for p in PROVIDERS:
             m = t[(p, kind)]
-            x = m["x_bare_paired"]
             cells += [_ms(m["wall_time"]), f"{ratio(p, kind, 'wall_time', 'bare', 'wall_time'):.3f}x"]
-            cells += [f"{x.p50:.3f}x ({x.p20:.3f}-{x.p80:.3f})"]
+            cells += [_x_range(m["x_bare_paired"])]
             cells += [_ms(m["step_p50"]), f"{ratio(p, kind, 'wall_time', kind, 'step_p50'):.3f}x"]
         lines.append(f"| {TIMELINE_LABELS[kind]} | {' | '.join(cells)} |")
 
@@ -596,11 +600,7 @@ def _render_timeline(model: str, r: dict, args) -> list:
         return ", ".join(f"{p} {ratio(p, kind, metric, base_kind, base_metric):.3f}x" for p in PROVIDERS)
 
     def paired(kind):
-        return ", ".join(
-            f"{p} {t[(p, kind)]['x_bare_paired'].p50:.3f}x ({t[(p, kind)]['x_bare_paired'].p20:.3f}-"
-            f"{t[(p, kind)]['x_bare_paired'].p80:.3f})"
-            for p in PROVIDERS
-        )
+        return ", ".join(f"{p} {_x_range(t[(p, kind)]['x_bare_paired'])}" for p in PROVIDERS)
 
     lines += [
         "",
