@@ -104,12 +104,14 @@ def _worker(rank: int, init_method: str, backend: str, device_type: str) -> None
         _train(rank, backend, device_type)
     finally:
         dist.destroy_process_group()
-    # Leave without the interpreter's finalization. In torch 2.14, DDP's C++ reducer keeps the process group alive
-    # after destroy_process_group, so gloo's worker threads are never joined; a worker that drops its last work's
-    # tensors needs the GIL, and if it gets it while the interpreter finalizes, the process aborts ("terminate called
+    # Leave without the interpreter's finalization. In torch 2.14, once a DistributedDataParallel has been built, the
+    # process group outlives destroy_process_group and gloo's worker threads are never joined (measured: the process
+    # keeps 5 threads after destroy_process_group and gc, against 2 without DDP). A worker that drops its last work's
+    # tensors needs the GIL; if it gets it while the interpreter finalizes, the process aborts ("terminate called
     # without an active exception"; the aborting thread's stack is ProcessGroupGloo::runLoop -> TensorImpl's
-    # decref_pyobject -> PyEval_RestoreThread -> pthread_exit, no torchext frame; 1 run in 30-100 on a 2-core machine).
-    # A failure above has raised before this line, and mp.spawn has its traceback.
+    # decref_pyobject -> PyEval_RestoreThread -> pthread_exit, no torchext frame; 3 runs in about 180 on a 2-core
+    # machine; pytorch/pytorch#107298 and #179291 describe both halves). A failure above has raised before this line,
+    # and mp.spawn has its traceback.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
